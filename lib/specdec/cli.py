@@ -1,0 +1,51 @@
+"""Command line: python -m specdec <command>. Bad input exits 2 with one line on stderr."""
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from .errors import SpecdecError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help="Speculative decoding: measure, explain, predict.")
+
+
+@app.command()
+def measure(study: str = typer.Option(..., help="study stem, e.g. batch (configs/<study>.yaml)"),
+            gpu: str = typer.Option(..., help="hardware profile (configs/hardware/<gpu>.yaml), e.g. cpu, h100"),
+            limit: int = typer.Option(None, help="run at most this many missing cells"),
+            dry_run: bool = typer.Option(False, help="only list what would run")):
+    """Run the missing cells of a study grid; finished cells are kept, never overwritten."""
+    from . import harness
+    res = harness.measure(study, gpu, limit=limit, dry_run=dry_run, echo=typer.echo)
+    typer.echo(f"ran {res['ran']} cell(s); {res['pending']} still pending")
+
+
+@app.command()
+def status(gpu: str = typer.Option(None, help="profile to list (default: all)")):
+    """List complete and partial raw runs."""
+    from . import rawdata
+    complete, partial = rawdata.scan(gpu)
+    for folder in complete:
+        typer.echo(f"complete  {folder}")
+    for folder in partial:
+        typer.echo(f"PARTIAL   {folder}")
+    typer.echo(f"{len(complete)} complete, {len(partial)} partial")
+
+
+def main(argv=None) -> None:
+    try:
+        app(args=argv, standalone_mode=False)
+    except SpecdecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except Exception as e:  # click usage errors
+        import click
+        if isinstance(e, click.exceptions.UsageError):
+            print(f"error: {e.format_message()}", file=sys.stderr)
+            sys.exit(2)
+        if isinstance(e, click.exceptions.Abort):
+            sys.exit(1)
+        raise

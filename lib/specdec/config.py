@@ -1,0 +1,140 @@
+"""Study configs (configs/<study>.yaml): load, validate, apply a hardware profile's overrides, expand cells.
+
+A cell is one point of the grid and becomes one immutable raw folder. Keys of a cell:
+  batch (sequences per batch; max concurrent in poisson mode), k (proposed tokens; 0 = no speculation),
+  proposer (draft | ngram | none), temperature, alpha (synthetic acceptance, or null), quant (none | int8),
+  rate (Poisson arrivals per second, poisson mode only), context (KV tokens, forward mode only),
+  mode: static (fixed batches) | poisson (continuous batching, Poisson arrivals) | forward (timed forward
+  passes of target and draft with k+1 query tokens per sequence: the cost-model microbenchmark).
+`grid` is one mapping of lists or a list of such mappings (their union).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+
+import yaml
+
+from . import paths
+from .errors import SpecdecError
+
+GRID_KEYS = ("mode", "batch", "k", "proposer", "temperature", "alpha", "quant", "rate", "context")
+DEFAULTS = {"mode": ["static"], "proposer": ["draft"], "temperature": [0.0], "alpha": [None], "quant": ["none"],
+            "rate": [None], "context": [None]}
+MODES = ("static", "poisson", "forward")
+
+
+def study_names() -> list[str]:
+    return sorted(p.stem for p in paths.configs().glob("*.yaml"))
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, val in over.items():
+        out[key] = _merge(out[key], val) if isinstance(val, dict) and isinstance(out.get(key), dict) else val
+    return out
+
+
+def load_study(study: str, profile: str | None = None) -> dict:
+    """The study config with `profiles.<profile>` merged in; bad files are one-line errors."""
+    path = paths.configs() / f"{study}.yaml"
+    if not path.exists():
+        raise SpecdecError(f"unknown study '{study}'; known: {', '.join(study_names())}")
+    try:
+        cfg = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise SpecdecError(f"config {path.name} is not valid YAML: {str(e).splitlines()[0]}") from e
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("grid"), (dict, list)):
+        raise SpecdecError(f"config {path.name} needs a mapping with a 'grid'")
+    overrides = cfg.pop("profiles", {}) or {}
+    if profile and profile in overrides:
+        cfg = _merge(cfg, overrides[profile])
+    cfg["study"] = study
+    cfg["profile"] = profile
+    validate(cfg, path.name)
+    return cfg
+
+
+def grids(cfg: dict) -> list[dict]:
+    return cfg["grid"] if isinstance(cfg["grid"], list) else [cfg["grid"]]
+
+
+def validate(cfg: dict, name: str = "config") -> None:
+    for grid in grids(cfg):
+        _validate_grid(grid, name)
+    gen = cfg.get("generation", {})
+    if gen.get("max_new_tokens", 1) < 1:
+        raise SpecdecError(f"{name}: generation.max_new_tokens must be >= 1")
+
+
+def _validate_grid(grid: dict, name: str) -> None:
+    if not isinstance(grid, dict):
+        raise SpecdecError(f"{name}: each grid must be a mapping of lists")
+    unknown = set(grid) - set(GRID_KEYS)
+    if unknown:
+        raise SpecdecError(f"{name}: unknown grid keys {sorted(unknown)}; allowed: {', '.join(GRID_KEYS)}")
+    for key in ("batch", "k"):
+        if key not in grid or not grid[key]:
+            raise SpecdecError(f"{name}: grid.{key} must list at least one value")
+    if any((not isinstance(b, int)) or b < 1 for b in grid["batch"]):
+        raise SpecdecError(f"{name}: batch sizes must be integers >= 1, got {grid['batch']}")
+    if any((not isinstance(k, int)) or k < 0 for k in grid["k"]):
+        raise SpecdecError(f"{name}: k must be integers >= 0, got {grid['k']}")
+    for p in grid.get("proposer", []):
+        if p not in ("draft", "ngram", "none"):
+            raise SpecdecError(f"{name}: unknown proposer '{p}'")
+    for a in grid.get("alpha", []):
+        if a is not None and not 0 <= a <= 1:
+            raise SpecdecError(f"{name}: alpha must be in [0, 1], got {a}")
+    for key, vals in grid.items():
+        if not isinstance(vals, list) or not vals:
+            raise SpecdecError(f"{name}: grid.{key} must be a non-empty list")
+    modes = grid.get("mode", ["static"])
+    if any(m not in MODES for m in modes):
+        raise SpecdecError(f"{name}: mode must be one of {', '.join(MODES)}, got {modes}")
+    if "poisson" in modes and any(r is None or r <= 0 for r in grid.get("rate", [None])):
+        raise SpecdecError(f"{name}: poisson mode needs grid.rate > 0 (requests per second)")
+    if "forward" in modes and any(c is None or c < 1 for c in grid.get("context", [None])):
+        raise SpecdecError(f"{name}: forward mode needs grid.context >= 1 (KV tokens)")
+
+
+def cells(cfg: dict) -> list[dict]:
+    """Every grid point, k=0 collapsed to proposer 'none' (and alpha null), duplicates removed, in order."""
+    seen, out = set(), []
+    for spec in grids(cfg):
+        grid = {key: spec.get(key, DEFAULTS.get(key)) for key in GRID_KEYS}
+        for values in itertools.product(*(grid[key] for key in GRID_KEYS)):
+            cell = dict(zip(GRID_KEYS, values))
+            if cell["mode"] == "forward":
+                cell.update(proposer="draft", alpha=None)
+            elif cell["k"] == 0 or cell["proposer"] == "none":
+                cell.update(k=0, proposer="none", alpha=None)
+            key = cell_id(cell)
+            if key not in seen:
+                seen.add(key)
+                out.append(cell)
+    return out
+
+
+def cell_id(cell: dict) -> str:
+    """A readable, unique folder name for a cell, e.g. bs8-k3-draft-t0-int8."""
+    if cell.get("mode") == "forward":
+        return f"fwd-bs{cell['batch']}-q{cell['k'] + 1}-ctx{cell['context']}"
+    parts = [f"bs{cell['batch']}", f"k{cell['k']}", cell["proposer"], f"t{cell['temperature']:g}"]
+    if cell.get("mode") == "poisson":
+        parts.insert(0, "cb")
+    if cell.get("alpha") is not None:
+        parts.append(f"a{cell['alpha']:g}")
+    if cell.get("quant", "none") != "none":
+        parts.append(cell["quant"])
+    if cell.get("rate") is not None:
+        parts.append(f"r{cell['rate']:g}")
+    return "-".join(parts)
+
+
+def config_hash(cfg: dict) -> str:
+    """sha256 of the config minus the grid (so growing a grid keeps finished cells valid)."""
+    body = {k: v for k, v in cfg.items() if k != "grid"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()

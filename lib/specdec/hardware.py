@@ -1,0 +1,69 @@
+"""Hardware profiles (configs/hardware/<name>.yaml): spec-sheet numbers and how to recognise the machine."""
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+import yaml
+
+from . import paths
+from .errors import SpecdecError
+
+
+def profile_names() -> list[str]:
+    return sorted(p.stem for p in (paths.configs() / "hardware").glob("*.yaml"))
+
+
+def load_profile(name: str) -> dict:
+    """The profile dict; an unknown name is a one-line error listing the known ones."""
+    path = paths.configs() / "hardware" / f"{name}.yaml"
+    if not path.exists():
+        raise SpecdecError(f"unknown hardware profile '{name}'; known: {', '.join(profile_names())}")
+    try:
+        prof = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise SpecdecError(f"hardware profile {path.name} is not valid YAML: {str(e).splitlines()[0]}") from e
+    prof.setdefault("name", name)
+    return prof
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def describe_machine() -> dict:
+    """What this machine is: CPU model, cores, memory (GiB), and the CUDA device if any."""
+    import torch
+
+    info = {"cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "platform": platform.platform(), "cuda": torch.cuda.is_available()}
+    try:
+        info["memory_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError):
+        pass
+    if info["cuda"]:
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["gpu_count"] = torch.cuda.device_count()
+    return info
+
+
+def check_machine(profile: dict, machine: dict | None = None) -> None:
+    """Refuse to measure under a profile this machine is not (a one-line error)."""
+    machine = machine or describe_machine()
+    match = profile.get("match", {})
+    if match.get("cuda") and not machine.get("cuda"):
+        raise SpecdecError(f"profile '{profile['name']}' needs a CUDA GPU, but this machine has none")
+    want = match.get("device_name")
+    if want and want.lower() not in str(machine.get("gpu", "")).lower():
+        raise SpecdecError(f"profile '{profile['name']}' expects a {want} GPU, found {machine.get('gpu', 'none')}")
+
+
+def device_for(profile: dict) -> str:
+    return "cuda" if profile.get("kind") == "gpu" else "cpu"

@@ -1,0 +1,221 @@
+"""Run a study grid on this machine with the torch engine; one raw folder per cell; resumable."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from . import config as cfgmod
+from . import hardware, models, prompts, rawdata
+from .engine import GenConfig, Sequence, SpecEngine, generate
+
+
+def quantize(model, quant: str):
+    """Weight quantization for the alternatives study: int8 = torch dynamic int8 Linear (CPU)."""
+    if quant in (None, "none"):
+        return model
+    if quant == "int8":
+        import warnings
+
+        from torch.ao.quantization import quantize_dynamic
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    if quant == "bf16":
+        return model.to(torch.bfloat16)
+    raise ValueError(f"unknown quant '{quant}'")
+
+
+class ModelCache:
+    """Loads the pair once and keeps quantized variants keyed by quant."""
+
+    def __init__(self, pair_name: str, dtype: str, device: str):
+        self.pair = models.load_pair(pair_name, dtype=getattr(torch, dtype), device=device)
+        self.variants = {"none": (self.pair.target, self.pair.draft)}
+
+    def get(self, quant: str):
+        if quant not in self.variants:
+            import copy
+            self.variants[quant] = (quantize(copy.deepcopy(self.pair.target), quant),
+                                    quantize(copy.deepcopy(self.pair.draft), quant))
+        return self.variants[quant]
+
+
+def gen_config(cfg: dict, cell: dict, seed: int) -> GenConfig:
+    gen = cfg.get("generation", {})
+    return GenConfig(k=cell["k"], proposer=cell["proposer"], max_new_tokens=gen.get("max_new_tokens", 32),
+                     temperature=cell["temperature"], seed=seed, ignore_eos=gen.get("ignore_eos", True),
+                     ngram_max=gen.get("ngram_max", 3), ngram_min=gen.get("ngram_min", 1),
+                     synthetic_alpha=cell.get("alpha")).validate()
+
+
+def tokenized_prompts(cfg: dict, tokenizer) -> list[dict]:
+    spec = cfg.get("prompts", {})
+    items = prompts.build(spec.get("sets", ["humaneval"]), spec.get("per_set", 8))
+    limit = spec.get("max_prompt_tokens", 512)
+    out = []
+    for name, idx, text in items:
+        ids = tokenizer.encode(text)[-limit:]
+        out.append({"prompt_set": name, "prompt_idx": idx, "ids": ids})
+    return out
+
+
+def _request_rows(seqs, meta_by_rid, repeat, batch_idx):
+    return [{"repeat": repeat, "batch_idx": batch_idx, "rid": s.rid, **meta_by_rid[s.rid],
+             "new_tokens": len(s.generated), "arrival_s": s.arrival_s, "admitted_s": s.admitted_s,
+             "first_token_s": s.first_token_s, "finish_s": s.finish_s} for s in seqs]
+
+
+def _step_rows(steps, repeat, batch_idx):
+    return [dict(r, repeat=repeat, batch_idx=batch_idx) for r in steps]
+
+
+def run_static(cfg, cell, target, draft, plist, tok):
+    """Static batching: requests in fixed batches of `batch`; warm-up batch first (not recorded)."""
+    gen = gen_config(cfg, cell, seed=cfg.get("seed", 0))
+    timing = cfg.get("timing", {})
+    bs = cell["batch"]
+    n_req = max(bs, cfg.get("prompts", {}).get("min_requests", bs))
+    chosen = [plist[i % len(plist)] for i in range(n_req)]
+    pad = getattr(tok, "pad_token_id", 0) or 0
+    warm = GenConfig(**{**gen.__dict__, "max_new_tokens": timing.get("warmup_tokens", 4)})
+    generate(target, draft, [p["ids"] for p in chosen[:bs]], warm, tok.eos_token_id, pad)
+    reqs, steps, batches = [], [], []
+    for rep in range(timing.get("repeats", 2)):
+        for bi, start in enumerate(range(0, n_req, bs)):
+            group = chosen[start:start + bs]
+            g = GenConfig(**{**gen.__dict__, "seed": gen.seed + 1000 * rep + bi})
+            eng, prefill_s, decode_s = generate(target, draft, [p["ids"] for p in group], g, tok.eos_token_id, pad)
+            info = {i: {"prompt_set": p["prompt_set"], "prompt_idx": p["prompt_idx"],
+                        "prompt_tokens": len(p["ids"])} for i, p in enumerate(group)}
+            reqs += _request_rows(eng.seqs, info, rep, bi)
+            steps += _step_rows(eng.steps, rep, bi)
+            batches.append({"repeat": rep, "batch_idx": bi, "size": len(group), "prefill_s": prefill_s,
+                            "decode_s": decode_s, "steps": len(eng.steps),
+                            "new_tokens": sum(len(s.generated) for s in eng.seqs),
+                            "decode_tokens": sum(len(s.generated) - 1 for s in eng.seqs)})
+    return reqs, steps, batches
+
+
+def run_poisson(cfg, cell, target, draft, plist, tok):
+    """Continuous batching with Poisson arrivals (rate per second), at most `batch` sequences at once."""
+    gen = gen_config(cfg, cell, seed=cfg.get("seed", 0))
+    n_req = cfg.get("prompts", {}).get("requests", 16)
+    rng = np.random.default_rng(cfg.get("seed", 0))
+    arrivals = np.cumsum(rng.exponential(1.0 / cell["rate"], size=n_req))
+    pad = getattr(tok, "pad_token_id", 0) or 0
+    generate(target, draft, [plist[0]["ids"]], GenConfig(**{**gen.__dict__, "max_new_tokens": 4}),
+             tok.eos_token_id, pad)
+    reqs, steps = [], []
+    for rep in range(cfg.get("timing", {}).get("repeats", 1)):
+        eng = SpecEngine(target, draft, GenConfig(**{**gen.__dict__, "seed": gen.seed + rep}),
+                         tok.eos_token_id, pad)
+        queue = [Sequence(i, plist[i % len(plist)]["ids"], gen.max_new_tokens, arrival_s=float(arrivals[i]))
+                 for i in range(n_req)]
+        info = {i: {"prompt_set": plist[i % len(plist)]["prompt_set"], "prompt_idx": plist[i % len(plist)]["prompt_idx"],
+                    "prompt_tokens": len(plist[i % len(plist)]["ids"])} for i in range(n_req)}
+        finished = []
+        while queue or eng.seqs:
+            now = eng.now()
+            room = cell["batch"] - len(eng.seqs)
+            ready = [s for s in queue if s.arrival_s <= now][:max(room, 0)]
+            if ready:
+                queue = queue[len(ready):]
+                eng.add(ready)
+            if not eng.seqs:
+                time.sleep(max(0.0, queue[0].arrival_s - eng.now()))
+                continue
+            eng.step()
+            finished += eng.retire()
+        reqs += _request_rows(finished, info, rep, 0)
+        steps += _step_rows(eng.steps, rep, 0)
+    return reqs, steps, []
+
+
+def run_forward(cfg, cell, target, draft, plist, tok):
+    """Timed forward passes: `batch` sequences with `context` cached tokens each append k+1 tokens.
+
+    One row per (model, repeat): seconds for that single forward, synchronized, after warm-up."""
+    from .engine import _sync
+    from .kv import KVState
+
+    device = next(target.parameters()).device
+    bs, ctx, q = cell["batch"], cell["context"], cell["k"] + 1
+    gen = torch.Generator().manual_seed(cfg.get("seed", 0))
+    vocab = min(target.config.vocab_size, draft.config.vocab_size if draft is not None else 10**9)
+    rows = []
+    for name, model in (("target", target), ("draft", draft)):
+        if model is None:
+            continue
+        kv = KVState(model)
+        kv.forward(torch.randint(0, vocab, (bs, ctx), generator=gen).to(device),
+                   torch.ones(bs, ctx, dtype=torch.bool, device=device), last_only=True)
+        toks = torch.randint(0, vocab, (bs, q), generator=gen).to(device)
+        valid = torch.ones(bs, q, dtype=torch.bool, device=device)
+        warm, reps = cfg.get("timing", {}).get("warmup_forwards", 1), cfg.get("timing", {}).get("repeats", 3)
+        for rep in range(-warm, reps):
+            _sync(device)
+            t = time.perf_counter()
+            kv.forward(toks, valid)
+            _sync(device)
+            dt = time.perf_counter() - t
+            kv.invalidate(kv.slots - q, torch.zeros(bs, dtype=torch.long, device=device), q)
+            kv.compact()
+            if rep >= 0:
+                rows.append({"model": name, "repeat": rep, "batch": bs, "query": q, "context": ctx,
+                             "tokens": bs * q, "seconds": dt})
+    return rows
+
+
+def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bool = False, echo=print) -> dict:
+    """Run every missing cell of a study under a hardware profile. Returns counts of done/skipped cells."""
+    profile = hardware.load_profile(profile_name)
+    machine = hardware.describe_machine()
+    hardware.check_machine(profile, machine)
+    cfg = cfgmod.load_study(study, profile_name)
+    todo = cfgmod.cells(cfg)
+    chash = cfgmod.config_hash(cfg)
+    pending = []
+    for cell in todo:
+        folder = rawdata.run_dir(profile_name, study, f"{cfgmod.cell_id(cell)}-{chash[:8]}")
+        if rawdata.is_complete(folder):
+            continue
+        moved = rawdata.set_aside_partial(folder)
+        if moved:
+            echo(f"interrupted run set aside: {moved}")
+        pending.append((cell, folder))
+    echo(f"{study} on {profile_name}: {len(todo)} cells, {len(todo) - len(pending)} done, {len(pending)} to run")
+    if limit is not None:
+        pending = pending[:limit]
+    if dry_run or not pending:
+        return {"cells": len(todo), "ran": 0, "pending": len(pending)}
+    if cfg.get("threads"):
+        torch.set_num_threads(int(cfg["threads"]))
+    device = hardware.device_for(profile)
+    mc = ModelCache(cfg["pair"], cfg.get("dtype", "float32"), device)
+    tok = mc.pair.tokenizer
+    plist = tokenized_prompts(cfg, tok)
+    ran = 0
+    for cell, folder in tqdm(pending, desc=f"{study}/{profile_name}", unit="cell"):
+        target, draft = mc.get(cell.get("quant", "none"))
+        started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        load0 = os.getloadavg()
+        if cell["mode"] == "forward":
+            tables = {"forwards": pd.DataFrame(run_forward(cfg, cell, target, draft, plist, tok))}
+        else:
+            runner = run_poisson if cell["mode"] == "poisson" else run_static
+            reqs, steps, batches = runner(cfg, cell, target, draft, plist, tok)
+            tables = {"requests": pd.DataFrame(reqs), "steps": pd.DataFrame(steps),
+                      "batches": pd.DataFrame(batches)}
+        meta = {"study": study, "run_id": folder.name, "profile": profile_name, "cell": cell, "config": cfg,
+                "config_sha256": chash, "hardware": machine, "versions": rawdata.versions(),
+                "git": rawdata.git_state(), "command": " ".join(sys.argv), "engine": "torch",
+                "device": device, "started": started, "loadavg_start": load0, "loadavg_end": os.getloadavg()}
+        rawdata.write_run(folder, tables, meta)
+        ran += 1
+    return {"cells": len(todo), "ran": ran, "pending": len(pending) - ran}

