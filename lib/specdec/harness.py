@@ -214,7 +214,7 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
                       "batches": pd.DataFrame(batches)}
         meta = {"study": study, "run_id": folder.name, "profile": profile_name, "cell": cell, "config": cfg,
                 "config_sha256": chash, "hardware": machine, "versions": rawdata.versions(),
-                "git": rawdata.git_state(), "command": " ".join(sys.argv), "engine": "torch",
+                "git": rawdata.git_state(), "command": "python -m specdec " + " ".join(sys.argv[1:]), "engine": "torch",
                 "device": device, "started": started, "loadavg_start": load0, "loadavg_end": os.getloadavg()}
         rawdata.write_run(folder, tables, meta)
         ran += 1
