@@ -14,11 +14,19 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 def measure(study: str = typer.Option(..., help="study stem, e.g. batch (configs/<study>.yaml)"),
             gpu: str = typer.Option(..., help="hardware profile (configs/hardware/<gpu>.yaml), e.g. cpu, h100"),
             limit: int = typer.Option(None, help="run at most this many missing cells"),
-            dry_run: bool = typer.Option(False, help="only list what would run")):
+            dry_run: bool = typer.Option(False, help="only list what would run"),
+            engine: str = typer.Option("torch", metavar="[torch|vllm]",
+                                       help="torch (this package's engine) or vllm (GPU machines, static cells)")):
     """Run the missing cells of a study grid; finished cells are kept, never overwritten."""
-    from . import harness
-    res = harness.measure(study, gpu, limit=limit, dry_run=dry_run, echo=typer.echo)
-    typer.echo(f"ran {res['ran']} cell(s); {res['pending']} still pending")
+    if engine not in ("torch", "vllm"):
+        raise SpecdecError(f"unknown engine '{engine}'; known: torch, vllm")
+    if engine == "vllm":
+        from . import vllm_runner as runner
+    else:
+        from . import harness as runner
+    res = runner.measure(study, gpu, limit=limit, dry_run=dry_run, echo=typer.echo)
+    extra = f"; {res['unsupported']} unsupported by {engine}" if res.get("unsupported") else ""
+    typer.echo(f"ran {res['ran']} cell(s); {res['pending']} still pending{extra}")
 
 
 @app.command()
@@ -31,6 +39,19 @@ def status(gpu: str = typer.Option(None, help="profile to list (default: all)"))
     for folder in partial:
         typer.echo(f"PARTIAL   {folder}")
     typer.echo(f"{len(complete)} complete, {len(partial)} partial")
+
+
+@app.command()
+def advise(pair: str = typer.Option(..., help="model pair, e.g. qwen2.5-coder-1.5b/0.5b or tiny"),
+           gpu: str = typer.Option(..., help="hardware profile (configs/hardware/<gpu>.yaml)"),
+           batch: int = typer.Option(..., help="concurrent sequences (>= 1)"),
+           k: int = typer.Option(None, help="speculated tokens to evaluate (default: the best k)"),
+           traces: str = typer.Option(None, help="acceptance traces, JSONL {\"k\": int, \"accepted\": [...]} per line"),
+           context: int = typer.Option(512, help="KV tokens per sequence")):
+    """Recommend SD or not: best k, predicted speedup with 90% interval, break-even acceptance."""
+    from . import predict
+    for line in predict.advise(pair, gpu, batch, k=k, traces=traces, context=context).lines():
+        typer.echo(line)
 
 
 def main(argv=None) -> None:

@@ -4,8 +4,10 @@ A cell is one point of the grid and becomes one immutable raw folder. Keys of a 
   batch (sequences per batch; max concurrent in poisson mode), k (proposed tokens; 0 = no speculation),
   proposer (draft | ngram | none), temperature, alpha (synthetic acceptance, or null), quant (none | int8),
   rate (Poisson arrivals per second, poisson mode only), context (KV tokens, forward mode only),
+  requests (requests per static cell, overriding prompts.min_requests; null = the study's value),
   mode: static (fixed batches) | poisson (continuous batching, Poisson arrivals) | forward (timed forward
-  passes of target and draft with k+1 query tokens per sequence: the cost-model microbenchmark).
+  passes of target and draft with k+1 query tokens per sequence: the cost-model microbenchmark) |
+  hf (our engine vs transformers' generate / assisted generation on the same prompts: the bench study).
 `grid` is one mapping of lists or a list of such mappings (their union).
 """
 from __future__ import annotations
@@ -20,10 +22,10 @@ import yaml
 from . import paths
 from .errors import SpecdecError
 
-GRID_KEYS = ("mode", "batch", "k", "proposer", "temperature", "alpha", "quant", "rate", "context")
+GRID_KEYS = ("mode", "batch", "k", "proposer", "temperature", "alpha", "quant", "rate", "context", "requests")
 DEFAULTS = {"mode": ["static"], "proposer": ["draft"], "temperature": [0.0], "alpha": [None], "quant": ["none"],
-            "rate": [None], "context": [None]}
-MODES = ("static", "poisson", "forward")
+            "rate": [None], "context": [None], "requests": [None]}
+MODES = ("static", "poisson", "forward", "hf")
 
 
 def study_names() -> list[str]:
@@ -83,7 +85,7 @@ def _validate_grid(grid: dict, name: str) -> None:
     if any((not isinstance(k, int)) or k < 0 for k in grid["k"]):
         raise SpecdecError(f"{name}: k must be integers >= 0, got {grid['k']}")
     for p in grid.get("proposer", []):
-        if p not in ("draft", "ngram", "none"):
+        if p not in ("draft", "ngram", "none", "eagle", "eagle3"):  # eagle*: vLLM engine only
             raise SpecdecError(f"{name}: unknown proposer '{p}'")
     for a in grid.get("alpha", []):
         if a is not None and not 0 <= a <= 1:
@@ -123,14 +125,16 @@ def cell_id(cell: dict) -> str:
     if cell.get("mode") == "forward":
         return f"fwd-bs{cell['batch']}-q{cell['k'] + 1}-ctx{cell['context']}"
     parts = [f"bs{cell['batch']}", f"k{cell['k']}", cell["proposer"], f"t{cell['temperature']:g}"]
-    if cell.get("mode") == "poisson":
-        parts.insert(0, "cb")
+    if cell.get("mode") in ("poisson", "hf"):
+        parts.insert(0, {"poisson": "cb", "hf": "hf"}[cell["mode"]])
     if cell.get("alpha") is not None:
         parts.append(f"a{cell['alpha']:g}")
     if cell.get("quant", "none") != "none":
         parts.append(cell["quant"])
     if cell.get("rate") is not None:
         parts.append(f"r{cell['rate']:g}")
+    if cell.get("requests") is not None:
+        parts.append(f"n{cell['requests']}")
     return "-".join(parts)
 
 

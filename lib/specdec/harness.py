@@ -80,7 +80,7 @@ def run_static(cfg, cell, target, draft, plist, tok):
     gen = gen_config(cfg, cell, seed=cfg.get("seed", 0))
     timing = cfg.get("timing", {})
     bs = cell["batch"]
-    n_req = max(bs, cfg.get("prompts", {}).get("min_requests", bs))
+    n_req = max(bs, cell.get("requests") or cfg.get("prompts", {}).get("min_requests", bs))
     chosen = [plist[i % len(plist)] for i in range(n_req)]
     pad = getattr(tok, "pad_token_id", 0) or 0
     warm = GenConfig(**{**gen.__dict__, "max_new_tokens": timing.get("warmup_tokens", 4)})
@@ -172,6 +172,56 @@ def run_forward(cfg, cell, target, draft, plist, tok):
     return rows
 
 
+def run_hf(cfg, cell, target, draft, plist, tok):
+    """Our engine vs HF `generate` (k=0) or HF assisted generation (k>0, batch 1), same prompts and k.
+
+    One row per (impl, repeat, batch_idx): seconds for the whole generate call (prefill included),
+    and whether the greedy outputs agree token for token."""
+    from .engine import _sync
+
+    gen = gen_config(cfg, cell, seed=cfg.get("seed", 0))
+    bs, k = cell["batch"], cell["k"]
+    pad = getattr(tok, "pad_token_id", 0) or 0
+    n_req = max(bs, cfg.get("prompts", {}).get("min_requests", bs))
+    chosen = [plist[i % len(plist)]["ids"] for i in range(n_req)]
+    device = next(target.parameters()).device
+
+    def ours(group):
+        eng, _, _ = generate(target, draft, group, gen, tok.eos_token_id, pad)
+        return [s.generated for s in eng.seqs]
+
+    def hf(group):
+        width = max(len(p) for p in group)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in group], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group], device=device)
+        extra = {}
+        if k > 0:
+            extra = {"assistant_model": draft, "num_assistant_tokens": k,
+                     "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
+        out = target.generate(ids, attention_mask=mask, max_new_tokens=gen.max_new_tokens,
+                              min_new_tokens=gen.max_new_tokens, do_sample=False, pad_token_id=pad, **extra)
+        return out[:, width:].tolist()
+
+    for fn in (ours, hf):  # warm-up
+        fn(chosen[:bs])
+    rows = []
+    for rep in range(cfg.get("timing", {}).get("repeats", 2)):
+        for bi, start in enumerate(range(0, n_req, bs)):
+            group = chosen[start:start + bs]
+            outs = {}
+            for name, fn in (("ours", ours), ("hf", hf)):
+                _sync(device)
+                t = time.perf_counter()
+                outs[name] = fn(group)
+                _sync(device)
+                rows.append({"impl": name, "repeat": rep, "batch_idx": bi, "size": len(group),
+                             "seconds": time.perf_counter() - t,
+                             "new_tokens": sum(len(o) for o in outs[name])})
+            same = [a == b[: len(a)] for a, b in zip(outs["ours"], outs["hf"])]
+            rows[-1]["same_output"] = rows[-2]["same_output"] = float(sum(same)) / len(same)
+    return rows
+
+
 def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bool = False, echo=print) -> dict:
     """Run every missing cell of a study under a hardware profile. Returns counts of done/skipped cells."""
     profile = hardware.load_profile(profile_name)
@@ -207,6 +257,8 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
         load0 = os.getloadavg()
         if cell["mode"] == "forward":
             tables = {"forwards": pd.DataFrame(run_forward(cfg, cell, target, draft, plist, tok))}
+        elif cell["mode"] == "hf":
+            tables = {"bench": pd.DataFrame(run_hf(cfg, cell, target, draft, plist, tok))}
         else:
             runner = run_poisson if cell["mode"] == "poisson" else run_static
             reqs, steps, batches = runner(cfg, cell, target, draft, plist, tok)

@@ -3,7 +3,7 @@
 A folder without a readable meta.json whose status is "complete" is partial: it is reported, never loaded.
 Tables: requests.parquet (one row per request), steps.parquet (one row per engine step),
 batches.parquet (one row per static batch), forwards.parquet (forward-mode cells: one row per timed
-forward pass of target or draft). Times are seconds.
+forward pass of target or draft), bench.parquet (hf-mode cells: our engine vs HF generate). Times are seconds.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pandas as pd
 from . import paths
 from .errors import SpecdecError
 
-TABLES = ("requests", "steps", "batches", "forwards")
+TABLES = ("requests", "steps", "batches", "forwards", "bench")
 
 
 def run_dir(profile: str, study: str, run_id: str) -> Path:

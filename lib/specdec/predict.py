@@ -1,0 +1,327 @@
+"""Predicted SD speedup, optimal k per batch size, break-even acceptance, and validation on measured cells.
+
+Steady state (continuous decoding, one step for every sequence of a batch of `batch`):
+    t_sd   = draft (first forward 2 tokens/seq, then k-1 of 1) + verify (k+1 tokens/seq) + overhead   [s]
+    t_base = one target forward of 1 token/seq + overhead                                             [s]
+    speedup = (E[tokens/step] / t_sd) / (1 / t_base)
+with E[tokens/step] from the acceptance model (acceptance.py) and forward times from the cost model
+(costmodel.py). Intervals: percentile bootstrap over requests of the acceptance traces and over the
+cost fit's relative residuals (or the prior's efficiency ranges). `context` is KV tokens per sequence.
+
+Policy output follows vLLM's Dynamic Speculative Decoding option (docs/features/speculative_decoding/
+dynamic_speculative_decoding.md in vllm-project/vllm): `num_speculative_tokens_per_batch_size` is a list of
+[start_bs, end_bs, k] entries (k draft tokens while the number of running sequences is in [start_bs,
+end_bs]; k = 0 turns drafting off), each k <= `num_speculative_tokens`.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import brentq
+
+from . import acceptance, costmodel, hardware, rawdata
+from .acceptance import AcceptanceModel
+from .costmodel import CostModel
+from .errors import SpecdecError
+
+DEFAULT_CONTEXT = 512  # KV tokens per sequence when none is given
+K_MAX = 8              # largest k searched
+MAX_BATCH = 256        # policy range (vLLM's usual max_num_seqs)
+
+
+def speedup(costs: CostModel, acc: AcceptanceModel, batch, k: int, context=DEFAULT_CONTEXT,
+            proposer: str = "draft", extrapolate: bool = False):
+    """Steady-state speedup of SD with k over no SD (1.0 for k = 0); batch may be an array."""
+    if k == 0:
+        return np.ones_like(np.asarray(batch, dtype=float)) if np.ndim(batch) else 1.0
+    tokens = acc.expected_tokens(k, extrapolate)
+    return tokens * costs.step_s(batch, 0, context) / costs.step_s(batch, k, context, proposer)
+
+
+def break_even_tokens(costs: CostModel, batch, k: int, context=DEFAULT_CONTEXT, proposer: str = "draft"):
+    """E[tokens/step] at which SD with k just pays off: t_sd / t_base."""
+    return costs.step_s(batch, k, context, proposer) / costs.step_s(batch, 0, context)
+
+
+def break_even_alpha(costs: CostModel, batch: int, k: int, context=DEFAULT_CONTEXT,
+                     proposer: str = "draft") -> float | None:
+    """i.i.d. acceptance alpha at which SD with k breaks even (None if even alpha = 1 cannot)."""
+    if k < 1:
+        return None
+    need = float(break_even_tokens(costs, batch, k, context, proposer))
+    if need <= 1:
+        return 0.0
+    if need >= k + 1:
+        return None
+    return float(brentq(lambda a: acceptance.iid_expected_tokens(a, k) - need, 0.0, 1.0 - 1e-12))
+
+
+def best_break_even_alpha(costs: CostModel, batch: int, context=DEFAULT_CONTEXT, proposer: str = "draft",
+                          k_max: int = K_MAX) -> tuple[float | None, int | None]:
+    """Lowest break-even i.i.d. alpha over k = 1..k_max, and the k that attains it (None, None if none)."""
+    best = (None, None)
+    for k in range(1, k_max + 1):
+        a = break_even_alpha(costs, batch, k, context, proposer)
+        if a is not None and (best[0] is None or a < best[0]):
+            best = (a, k)
+    return best
+
+
+def _k_range(acc: AcceptanceModel, k_max: int, extrapolate: bool) -> int:
+    return k_max if extrapolate else min(k_max, acc.max_k)
+
+
+def optimal_k(costs: CostModel, acc: AcceptanceModel, batch: int, context=DEFAULT_CONTEXT,
+              proposer: str = "draft", k_max: int = K_MAX, extrapolate: bool = False) -> tuple[int, float]:
+    """(best k in 0..k_max, its speedup); k = 0 (no SD) unless some k beats 1. Without `extrapolate` the
+    search stops at the deepest position the traces cover."""
+    ks = range(_k_range(acc, k_max, extrapolate) + 1)
+    s = [float(speedup(costs, acc, batch, k, context, proposer, extrapolate)) for k in ks]
+    best = int(np.argmax(s))  # first maximum: ties go to the smaller k
+    return best, s[best]
+
+
+def policy(costs: CostModel, acc: AcceptanceModel, max_batch: int = MAX_BATCH, context=DEFAULT_CONTEXT,
+           proposer: str = "draft", k_max: int = K_MAX, extrapolate: bool = False) -> list[list[int]]:
+    """Best k for every batch size 1..max_batch, merged into vLLM's [[start_bs, end_bs, k], ...] ranges."""
+    b = np.arange(1, max_batch + 1)
+    ks = range(_k_range(acc, k_max, extrapolate) + 1)
+    table = np.vstack([np.broadcast_to(speedup(costs, acc, b, k, context, proposer, extrapolate), b.shape)
+                       for k in ks])
+    best = table.argmax(0)
+    out: list[list[int]] = []
+    for bs, k in zip(b.tolist(), best.tolist()):
+        if out and out[-1][2] == k:
+            out[-1][1] = bs
+        else:
+            out.append([bs, bs, k])
+    return out
+
+
+def vllm_config(ranges: list[list[int]]) -> dict:
+    """The speculative-config keys for a policy: num_speculative_tokens (the max k) and the ranges."""
+    return {"num_speculative_tokens": max(k for _, _, k in ranges),
+            "num_speculative_tokens_per_batch_size": ranges}
+
+
+@dataclass
+class Prediction:
+    """A speedup prediction (x, no-SD = 1) with its `level` bootstrap interval [lo, hi]; times in seconds."""
+
+    batch: int
+    k: int
+    context: float
+    speedup: float
+    lo: float
+    hi: float
+    level: float
+    tokens_per_step: float
+    iid_tokens_per_step: float
+    step_s: float
+    base_step_s: float
+    cost_source: str
+
+
+def predict(costs: CostModel, acc: AcceptanceModel, batch: int, k: int, context=DEFAULT_CONTEXT,
+            proposer: str = "draft", n_boot: int = 300, level: float = 0.9, seed: int = 0,
+            extrapolate: bool = False) -> Prediction:
+    """Point speedup plus a percentile-bootstrap interval (traces and cost residuals resampled jointly)."""
+    point = float(speedup(costs, acc, batch, k, context, proposer, extrapolate))
+    rng = np.random.default_rng(seed)
+    boots = [float(speedup(costs.resample(rng), acc.resample(rng), batch, k, context, proposer, extrapolate))
+             for _ in range(n_boot if k > 0 else 0)]
+    tail = (1 - level) / 2 * 100
+    lo, hi = (np.percentile(boots, [tail, 100 - tail]) if boots else (point, point))
+    return Prediction(batch, k, context, point, float(lo), float(hi), level,
+                      acc.expected_tokens(k, extrapolate) if k else 1.0, acc.iid_expected_tokens(k),
+                      float(costs.step_s(batch, k, context, proposer)), float(costs.step_s(batch, 0, context)),
+                      costs.source)
+
+
+# -- advise (the CLI command) ------------------------------------------------------------------------
+@dataclass
+class Advice:
+    pair: str
+    profile: str
+    batch: int
+    context: int
+    enable: bool
+    k: int  # the k the prediction is for (best k > 0, or the requested one)
+    requested: bool  # k came from the caller
+    best_k: int  # 0 = no SD
+    prediction: Prediction
+    break_even_tokens: float
+    break_even_alpha: float | None
+    best_break_even: tuple  # (lowest break-even i.i.d. alpha over k = 1..K_MAX, its k), or (None, None)
+    costs: CostModel
+    acc: AcceptanceModel
+    vllm: dict
+
+    def lines(self) -> list[str]:
+        """A few human-readable lines (what `python -m specdec advise` prints)."""
+        p = self.prediction
+        if self.k == 0:
+            verdict = "k=0 is decoding without SD"
+        elif self.requested:
+            verdict = f"{'ENABLE' if self.enable else 'DO NOT ENABLE'} SD at the requested k={self.k}"
+        else:
+            verdict = f"ENABLE SD with k={self.k}" if self.enable else "DISABLE SD (k=0)"
+        best_a, best_at = self.best_break_even
+        best = (f"no k in 1..{K_MAX} breaks even" if best_a is None
+                else f"lowest over k=1..{K_MAX}: i.i.d. alpha > {best_a:.2f} (k={best_at})")
+        if self.k == 0:
+            pred, even = "predicted speedup at k=0: 1.00x by definition", f"break-even: {best}"
+        else:
+            alpha = (f"unreachable: k={self.k} gives at most {self.k + 1}" if self.break_even_alpha is None
+                     else f"i.i.d. alpha > {self.break_even_alpha:.2f}")
+            pred = (f"predicted speedup at k={self.k}: {p.speedup:.2f}x "
+                    f"({p.level:.0%} interval {p.lo:.2f}-{p.hi:.2f}); "
+                    f"tokens/step {p.tokens_per_step:.2f} (i.i.d. alpha {self.acc.iid_alpha:.2f} would give "
+                    f"{p.iid_tokens_per_step:.2f}); step {p.step_s * 1e3:.3g} ms vs {p.base_step_s * 1e3:.3g} ms "
+                    f"without SD")
+            even = f"break-even at k={self.k}: tokens/step > {self.break_even_tokens:.2f} ({alpha}); {best}"
+        return [
+            f"recommendation: {verdict} for {self.pair} on {self.profile} at batch {self.batch} "
+            f"({self.context} KV tokens/seq); best k in 0..{min(K_MAX, self.acc.max_k)}: {self.best_k}",
+            pred,
+            even,
+            f"costs: {self.costs.describe()}",
+            f"acceptance: {self.acc.describe()}",
+            f"vLLM --speculative-config: {json.dumps(self.vllm)}",
+        ]
+
+
+def advise(pair: str, profile: str, batch: int, k: int | None = None, traces: str | None = None,
+           context: int = DEFAULT_CONTEXT, proposer: str = "draft", n_boot: int = 300, seed: int = 0) -> Advice:
+    """Recommendation for one batch size: enable SD or not, best k, speedup with interval, break-even.
+
+    Acceptance comes from `traces` (JSONL, see acceptance.py) or else the profile's raw traces."""
+    name = costmodel.pair_name(pair)
+    hardware.load_profile(profile)
+    if batch < 1:
+        raise SpecdecError(f"batch must be >= 1, got {batch}")
+    if k is not None and k < 0:
+        raise SpecdecError(f"k must be >= 0, got {k}")
+    if context < 1:
+        raise SpecdecError(f"context must be >= 1 KV token, got {context}")
+    if traces is not None:
+        acc = AcceptanceModel.from_traces(acceptance.read_jsonl(traces), source=str(traces))
+    else:
+        found, where = acceptance.load_traces(profile, name, proposer)
+        acc = AcceptanceModel.from_traces(found, source=where)
+    costs = costmodel.load(profile, name)
+    best, _ = optimal_k(costs, acc, batch, context, proposer)
+    if k is None:
+        ks = range(1, min(K_MAX, acc.max_k) + 1)
+        k_eval = best or max(ks, key=lambda j: float(speedup(costs, acc, batch, j, context, proposer)))
+    else:
+        acc.conditionals(k)  # k beyond the traces: one-line error
+        k_eval = k
+    pred = predict(costs, acc, batch, k_eval, context, proposer, n_boot=n_boot, seed=seed)
+    ranges = policy(costs, acc, max(MAX_BATCH, batch), context, proposer)
+    return Advice(name, profile, batch, context, pred.speedup > 1, k_eval, k is not None, best, pred,
+                  float(break_even_tokens(costs, batch, k_eval, context, proposer)),
+                  break_even_alpha(costs, batch, k_eval, context, proposer),
+                  best_break_even_alpha(costs, batch, context, proposer), costs, acc, vllm_config(ranges))
+
+
+# -- validation on measured batch-study cells ----------------------------------------------------------
+def static_steps(acc: AcceptanceModel, k: int, batch: int, new_tokens: int, n_sim: int = 1000,
+                 seed: int = 0, extrapolate: bool = False, per_request: bool = True) -> float:
+    """Expected steps for a static batch: each of `batch` sequences needs `new_tokens` tokens, a step gives
+    min(n, k) + 1 tokens, and the batch runs until its slowest sequence is done.
+
+    per_request (and traces that all ran with k or more): each simulated sequence is a random traced request
+    and draws its steps from that request's own accepted counts, so requests that accept little (prose
+    vs code) slow the batch down as they do in reality; otherwise steps are i.i.d. from P(n | k)."""
+    if k == 0 or new_tokens <= 0:
+        return float(max(new_tokens, 0))
+    rng = np.random.default_rng(seed)
+    traces = acc.traces if per_request and acc.traces and min(t.k for t in acc.traces) >= k else None
+    if traces:
+        lengths = np.array([len(t.accepted) for t in traces])
+        table = np.zeros((len(traces), lengths.max()), dtype=int)
+        for i, t in enumerate(traces):
+            table[i, :len(t.accepted)] = t.accepted
+        req = rng.integers(0, len(traces), size=(n_sim, batch, 1))
+        pos = (rng.random((n_sim, batch, new_tokens)) * lengths[req]).astype(int)
+        n = np.minimum(table[req, pos], k)
+    else:
+        n = rng.choice(k + 1, size=(n_sim, batch, new_tokens), p=acc.length_dist(k, extrapolate))
+    done = np.cumsum(n + 1, axis=2) >= new_tokens
+    return float((done.argmax(axis=2) + 1).max(axis=1).mean())
+
+
+def _cell_context(reqs: pd.DataFrame) -> float:
+    """Mean KV columns per sequence during decode: the batch's padded prompt width plus half the output."""
+    width = reqs.groupby(["repeat", "batch_idx"])["prompt_tokens"].max().mean()
+    return float(width + reqs["new_tokens"].mean() / 2)
+
+
+def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int = 0,
+             per_request: bool = True) -> pd.DataFrame:
+    """Predicted vs measured speedup for every SD cell of the batch study of `profile`.
+
+    Costs are fitted only on the hardware study, acceptance only on the acceptance study (real traces,
+    same proposer and temperature); each batch-study cell is then predicted for its batch size, k, mean
+    context and output length (static batching: the batch waits for its slowest sequence, see
+    static_steps and `per_request`). Measured speedup = no-SD decode seconds per token / SD decode
+    seconds per token at the same batch size. Columns: cell keys, context, predicted, predicted_steady,
+    measured, abs_pct_err [%], and predicted/measured steps per batch and seconds per step;
+    df.attrs["mape"] = mean abs_pct_err [%], df.attrs["cost_source"] = how the costs were obtained."""
+    quiet = lambda _m: None  # noqa: E731
+    batches = rawdata.load("batch", profile, "batches", warn=quiet)
+    reqs = rawdata.load("batch", profile, "requests", warn=quiet)
+    pair = costmodel.pair_name(pair) if pair else str(batches["pair"].iloc[0])
+    batches, reqs = batches[batches["pair"] == pair], reqs[reqs["pair"] == pair]
+    costs = costmodel.fit(profile, pair)
+    keys = ["batch", "temperature", "quant"]
+    models: dict[tuple, AcceptanceModel | None] = {}
+    rows = []
+    for run_id, cell in batches.groupby("run_id"):
+        c = cell.iloc[0]
+        if c["k"] == 0:
+            continue
+        base = batches[(batches["k"] == 0) & np.logical_and.reduce([batches[key] == c[key] for key in keys])]
+        if base.empty:
+            continue
+        mkey = (c["proposer"], float(c["temperature"]))
+        if mkey not in models:
+            try:
+                found, where = acceptance.load_traces(profile, pair, *mkey, studies=("acceptance",))
+                models[mkey] = AcceptanceModel.from_traces(found, where)
+            except SpecdecError:
+                models[mkey] = None
+        acc = models[mkey]
+        r = reqs[reqs["run_id"] == run_id]
+        k, bs, ctx = int(c["k"]), int(c["batch"]), _cell_context(r)
+        need = int(round(cell["decode_tokens"].sum() / cell["size"].sum()))
+        measured = (base["decode_s"].sum() / base["decode_tokens"].sum()) / \
+            (cell["decode_s"].sum() / cell["decode_tokens"].sum())
+        row = {"run_id": run_id, "batch": bs, "k": k, "proposer": c["proposer"], "temperature": c["temperature"],
+               "context": ctx, "decode_tokens_per_seq": need, "measured": measured,
+               "measured_steps": cell["steps"].mean(), "measured_step_s": cell["decode_s"].sum() / cell["steps"].sum(),
+               "measured_base_step_s": base["decode_s"].sum() / base["steps"].sum(),
+               "predicted_step_s": float(costs.step_s(bs, k, ctx, c["proposer"])),
+               "predicted_base_step_s": float(costs.step_s(bs, 0, ctx))}
+        if acc is not None:
+            ext = k > acc.max_k
+            steps = static_steps(acc, k, bs, need, n_sim, seed, ext, per_request)
+            row.update(predicted_steps=steps, extrapolated=ext,
+                       predicted=need * row["predicted_base_step_s"] / (steps * row["predicted_step_s"]),
+                       predicted_steady=float(speedup(costs, acc, bs, k, ctx, c["proposer"], ext)))
+        rows.append(row)
+    if not rows:
+        raise SpecdecError(f"no SD cells with a matching no-SD cell in data/raw/{profile}/batch")
+    df = pd.DataFrame(rows)
+    for col in ("predicted", "predicted_steady", "predicted_steps"):
+        if col not in df:
+            df[col] = np.nan
+    df["abs_pct_err"] = (df["predicted"] - df["measured"]).abs() / df["measured"] * 100
+    df = df.sort_values(["proposer", "batch", "k"], ignore_index=True)
+    df.attrs["mape"] = float(df["abs_pct_err"].mean())
+    df.attrs["cost_source"] = costs.describe()
+    return df

@@ -1,0 +1,355 @@
+"""Run a study grid with vLLM (GPU machines) and write the same raw format as the torch harness.
+
+Written against vLLM's V1 engine as found in vLLM main (latest PyPI release when checked: 0.34.0):
+  * LLM(model=..., speculative_config={...}, max_num_seqs=..., seed=..., quantization=..., disable_log_stats=False)
+    - speculative_config["method"]: "draft_model" (needs model), "ngram" (prompt_lookup_max/min),
+      "eagle" / "eagle3" (model = the EAGLE head); num_speculative_tokens = k;
+      "quantization" inside speculative_config quantizes the draft model (draft_model method only).
+    - draft_model in V1 came with vLLM PR #24322; vLLM 0.13.0 still raised NotImplementedError for it.
+  * SamplingParams(temperature=..., max_tokens=..., ignore_eos=...).
+  * LLM.get_metrics() -> list of vllm.v1.metrics.reader.{Counter(.value), Vector(.values), Gauge, Histogram}
+    with the process-cumulative counters vllm:spec_decode_num_drafts, vllm:spec_decode_num_draft_tokens,
+    vllm:spec_decode_num_accepted_tokens and the vector vllm:spec_decode_num_accepted_tokens_per_pos
+    (only recorded when disable_log_stats=False). A cell's counters are the difference of two snapshots.
+  * RequestOutput.metrics: RequestStateStats (arrival_time wall clock; scheduled_ts, first_token_ts,
+    last_token_ts engine-core time.monotonic()), or None.
+
+Only static-mode cells run here; poisson (continuous batching with arrivals) and forward (microbenchmark)
+cells, synthetic acceptance (alpha) and int8 have no vLLM equivalent in this runner and are reported and
+skipped. vllm is imported only inside the GPU path. Times are seconds.
+"""
+from __future__ import annotations
+
+import gc
+import importlib.util
+import json
+import math
+import os
+import sys
+import time
+
+import pandas as pd
+
+from . import config as cfgmod
+from . import hardware, models, rawdata
+from .errors import SpecdecError
+
+MISSING = ("the vLLM engine needs the vllm package and a CUDA GPU "
+           "(pip install 'specdec[gpu]' on a GPU machine)")
+PROPOSERS = ("draft", "ngram", "eagle", "eagle3", "none")
+COUNTERS = {"vllm:spec_decode_num_drafts": "num_drafts",
+            "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+            "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens"}
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+TIMING_NOTES = ("vLLM engine: batches.decode_s is the wall time of one LLM.generate call (prefill included); "
+                "prefill_s and steps are unknown (NaN); no steps table; prefix caching off")
+
+
+# ---------------------------------------------------------------- config translation (pure, CPU)
+
+def _hub_ids(cfg: dict) -> tuple[str, str]:
+    spec = models.pair_spec(cfg["pair"])
+    if not spec.hub_target:
+        raise SpecdecError(f"pair '{spec.name}' has no hub model id; the vLLM engine needs a hub pair "
+                           f"(e.g. qwen2.5-coder-1.5b/0.5b)")
+    return spec.hub_target, spec.hub_draft
+
+
+def speculative_config(cfg: dict, cell: dict) -> dict | None:
+    """vLLM's speculative_config dict for a cell, or None without speculation (k=0 or proposer none)."""
+    k, proposer = cell["k"], cell["proposer"]
+    if proposer not in PROPOSERS:
+        raise SpecdecError(f"unknown proposer '{proposer}' for the vLLM engine ({', '.join(PROPOSERS)})")
+    if k == 0 or proposer == "none":
+        return None
+    gen = cfg.get("generation", {})
+    if proposer == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k,
+                "prompt_lookup_max": gen.get("ngram_max", 3), "prompt_lookup_min": gen.get("ngram_min", 1)}
+    _, draft = _hub_ids(cfg)
+    if not draft:
+        raise SpecdecError(f"pair '{cfg['pair']}' has no hub draft id for proposer '{proposer}'")
+    is_eagle = "eagle" in draft.lower()
+    if proposer == "draft":
+        if is_eagle:
+            raise SpecdecError(f"draft '{draft}' is an EAGLE head; use proposer eagle or eagle3, not draft")
+        out = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
+        if cell.get("quant", "none") == "fp8":
+            out["quantization"] = "fp8"
+        return out
+    if not is_eagle or (proposer == "eagle3") != ("eagle3" in draft.lower()):
+        raise SpecdecError(f"proposer '{proposer}' needs an {proposer.upper()} head as the pair's draft, "
+                           f"got '{draft}'")
+    return {"method": proposer, "model": draft, "num_speculative_tokens": k}
+
+
+def llm_kwargs(cfg: dict, cell: dict) -> dict:
+    """Keyword arguments for vllm.LLM(...) for one cell; unsupported cells raise SpecdecError (one line).
+
+    max_model_len (tokens) = prompts.max_prompt_tokens + generation.max_new_tokens + 64 of slack.
+    A `vllm:` mapping in the study config (or its profile) is merged last (e.g. gpu_memory_utilization)."""
+    mode = cell.get("mode", "static")
+    if mode != "static":
+        raise SpecdecError(f"the vLLM engine runs static cells only, not mode '{mode}'")
+    if cell.get("alpha") is not None:
+        raise SpecdecError(f"the vLLM engine has no synthetic acceptance (alpha={cell['alpha']})")
+    target, _ = _hub_ids(cfg)
+    quant = cell.get("quant", "none") or "none"
+    if quant not in ("none", "fp8"):
+        raise SpecdecError(f"quant '{quant}' has no online vLLM equivalent (use none or fp8)")
+    gen = cfg.get("generation", {})
+    kw = {"model": target, "max_num_seqs": cell["batch"], "seed": cfg.get("seed", 0),
+          "dtype": cfg.get("dtype", "auto"), "disable_log_stats": False, "enable_prefix_caching": False,
+          "max_model_len": cfg.get("prompts", {}).get("max_prompt_tokens", 512)
+          + gen.get("max_new_tokens", 32) + 64}
+    if quant == "fp8":
+        kw["quantization"] = "fp8"
+    spec = speculative_config(cfg, cell)
+    if spec is not None:
+        kw["speculative_config"] = spec
+    kw.update(cfg.get("vllm", {}) or {})
+    return kw
+
+
+def sampling_kwargs(cfg: dict, cell: dict, max_tokens: int | None = None) -> dict:
+    """Keyword arguments for vllm.SamplingParams(...): temperature, max_tokens (new tokens), ignore_eos.
+
+    The seed goes to LLM(seed=...), not per request (seeded requests take a slower sampling path)."""
+    gen = cfg.get("generation", {})
+    return {"temperature": float(cell["temperature"]),
+            "max_tokens": int(max_tokens if max_tokens is not None else gen.get("max_new_tokens", 32)),
+            "ignore_eos": bool(gen.get("ignore_eos", True))}
+
+
+# ---------------------------------------------------------------- metrics (pure, duck-typed)
+
+def spec_counters(metrics) -> dict:
+    """Sum the spec-decode counters in a get_metrics() snapshot (over engines/labels).
+
+    Accepts objects with .name and .value (counters) or .values (the per-position vector); a per-position
+    metric given as one counter per position (.value with labels["position"]) is also understood."""
+    out = {key: 0 for key in COUNTERS.values()}
+    per_pos: list[int] = []
+    for m in metrics or []:
+        name = str(getattr(m, "name", ""))
+        name = name[:-len("_total")] if name.endswith("_total") else name
+        if name in COUNTERS:
+            out[COUNTERS[name]] += int(getattr(m, "value", 0) or 0)
+        elif name == PER_POS:
+            values = getattr(m, "values", None)
+            if values is None:
+                pos = int((getattr(m, "labels", None) or {}).get("position", 0))
+                values = [0] * pos + [getattr(m, "value", 0) or 0]
+            per_pos += [0] * (len(values) - len(per_pos))
+            for i, v in enumerate(values):
+                per_pos[i] += int(v)
+    out["num_accepted_tokens_per_pos"] = per_pos
+    return out
+
+
+def counters_delta(after: dict, before: dict | None) -> dict:
+    """after - before, element-wise (the counters are cumulative for the life of the engine)."""
+    if not before:
+        return dict(after, num_accepted_tokens_per_pos=list(after["num_accepted_tokens_per_pos"]))
+    out = {key: after[key] - before.get(key, 0) for key in COUNTERS.values()}
+    a, b = after["num_accepted_tokens_per_pos"], before.get("num_accepted_tokens_per_pos", [])
+    out["num_accepted_tokens_per_pos"] = [x - (b[i] if i < len(b) else 0) for i, x in enumerate(a)]
+    return out
+
+
+def acceptance_summary(counters: dict) -> dict:
+    """Counters plus acceptance_rate (accepted / drafted tokens), mean_accepted_tokens per draft,
+    mean_acceptance_length (1 + accepted per draft: tokens per target step, bonus token included) and
+    per_position_acceptance (accepted at position i / drafts). Undefined values (no drafts) are None."""
+    drafts, drafted = counters["num_drafts"], counters["num_draft_tokens"]
+    accepted = counters["num_accepted_tokens"]
+    out = dict(counters)
+    out["acceptance_rate"] = accepted / drafted if drafted else None
+    out["mean_accepted_tokens"] = accepted / drafts if drafts else None
+    out["mean_acceptance_length"] = 1 + accepted / drafts if drafts else None
+    out["per_position_acceptance"] = [a / drafts for a in counters["num_accepted_tokens_per_pos"]] if drafts else []
+    return out
+
+
+def request_times(metrics, mono0: float, wall0: float, batch_s: float) -> dict:
+    """arrival_s, admitted_s, first_token_s, finish_s in seconds from the start of the generate call.
+
+    V1 RequestStateStats carries engine-core time.monotonic() stamps (scheduled_ts, first_token_ts,
+    last_token_ts) and a wall-clock arrival_time; older RequestMetrics carry wall-clock *_time fields.
+    Missing or out-of-range stamps fall back to arrival 0, admitted 0, first token NaN, finish = batch_s."""
+    out = {"arrival_s": 0.0, "admitted_s": 0.0, "first_token_s": math.nan, "finish_s": batch_s}
+    if metrics is None:
+        return out
+    if hasattr(metrics, "first_token_ts"):
+        fields = {"admitted_s": ("scheduled_ts", mono0), "first_token_s": ("first_token_ts", mono0),
+                  "finish_s": ("last_token_ts", mono0)}
+    else:
+        fields = {"admitted_s": ("first_scheduled_time", wall0), "first_token_s": ("first_token_time", wall0),
+                  "finish_s": ("finished_time", wall0)}
+    fields["arrival_s"] = ("arrival_time", wall0)
+    for key, (attr, origin) in fields.items():
+        stamp = getattr(metrics, attr, None)
+        if stamp:
+            rel = float(stamp) - origin
+            if -0.01 <= rel <= batch_s + 0.01:
+                out[key] = min(max(rel, 0.0), batch_s)
+    return out
+
+
+# ---------------------------------------------------------------- running (GPU only)
+
+def have_vllm() -> bool:
+    """True when vllm is importable and torch sees a CUDA GPU."""
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    import torch
+    return torch.cuda.is_available()
+
+
+def _tokenized_prompts(cfg: dict) -> list[dict]:
+    from transformers import AutoTokenizer
+
+    from .harness import tokenized_prompts
+    from .tokenizer import HFTokenizer
+    target, _ = _hub_ids(cfg)
+    return tokenized_prompts(cfg, HFTokenizer(AutoTokenizer.from_pretrained(target)))
+
+
+def run_static(llm, sampling_cls, cfg: dict, cell: dict, plist: list[dict]):
+    """Static batches of `batch` requests through llm.generate; warm-up batch first (not recorded).
+
+    Returns (request rows, batch rows, acceptance summary over the timed batches)."""
+    timing = cfg.get("timing", {})
+    bs = cell["batch"]
+    n_req = max(bs, cfg.get("prompts", {}).get("min_requests", bs))
+    chosen = [plist[i % len(plist)] for i in range(n_req)]
+    params = sampling_cls(**sampling_kwargs(cfg, cell))
+    warm = sampling_cls(**sampling_kwargs(cfg, cell, max_tokens=timing.get("warmup_tokens", 4)))
+    llm.generate([{"prompt_token_ids": p["ids"]} for p in chosen[:bs]], warm, use_tqdm=False)
+    before = spec_counters(llm.get_metrics())
+    reqs, batches = [], []
+    for rep in range(timing.get("repeats", 2)):
+        for bi, start in enumerate(range(0, n_req, bs)):
+            group = chosen[start:start + bs]
+            prompts = [{"prompt_token_ids": p["ids"]} for p in group]
+            wall0, mono0, t = time.time(), time.monotonic(), time.perf_counter()
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            batch_s = time.perf_counter() - t
+            new = [len(o.outputs[0].token_ids) for o in outs]
+            for rid, (p, o, n) in enumerate(zip(group, outs, new)):
+                reqs.append({"repeat": rep, "batch_idx": bi, "rid": rid, "prompt_set": p["prompt_set"],
+                             "prompt_idx": p["prompt_idx"], "prompt_tokens": len(p["ids"]), "new_tokens": n,
+                             **request_times(getattr(o, "metrics", None), mono0, wall0, batch_s)})
+            batches.append({"repeat": rep, "batch_idx": bi, "size": len(group), "prefill_s": math.nan,
+                            "decode_s": batch_s, "steps": math.nan, "new_tokens": sum(new),
+                            "decode_tokens": sum(n - 1 for n in new)})
+    after = spec_counters(llm.get_metrics())
+    return reqs, batches, acceptance_summary(counters_delta(after, before))
+
+
+def _pending(cfg: dict, study: str, profile_name: str, echo) -> tuple[list, list]:
+    """(cells to run as (cell, folder, llm kwargs), (cell_id, reason) of cells vLLM cannot run).
+
+    Folders are <cell-id>-vllm-<config hash>; resume rules as harness.measure: complete runs are kept, partial ones set aside."""
+    chash = cfgmod.config_hash(cfg)
+    pending, unsupported = [], []
+    for cell in cfgmod.cells(cfg):
+        folder = rawdata.run_dir(profile_name, study, f"{cfgmod.cell_id(cell)}-vllm-{chash[:8]}")
+        if rawdata.is_complete(folder):  # vLLM folders carry "-vllm-": torch runs never collide
+            continue
+        try:
+            kwargs = llm_kwargs(cfg, cell)
+        except SpecdecError as e:
+            unsupported.append((cfgmod.cell_id(cell), str(e)))
+            continue
+        moved = rawdata.set_aside_partial(folder)
+        if moved:
+            echo(f"interrupted run set aside: {moved}")
+        pending.append((cell, folder, kwargs))
+    return pending, unsupported
+
+
+def _shutdown(llm) -> None:
+    """Stop an LLM's engine-core process (if any) so the next LLM gets the GPU memory."""
+    engine = getattr(llm, "llm_engine", None)
+    for obj in (engine, getattr(engine, "engine_core", None)):
+        if callable(getattr(obj, "shutdown", None)):
+            obj.shutdown()
+            return
+
+
+def _free_gpu() -> None:
+    gc.collect()
+    import torch
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bool = False, echo=print) -> dict:
+    """Run every missing static cell of a study with vLLM under a hardware profile.
+
+    Returns counts: cells, ran, pending (runnable, still missing), unsupported (cells vLLM cannot run)."""
+    profile = hardware.load_profile(profile_name)
+    if not dry_run and not have_vllm():
+        raise SpecdecError(MISSING)
+    machine = hardware.describe_machine()
+    hardware.check_machine(profile, machine)
+    cfg = cfgmod.load_study(study, profile_name)
+    todo = cfgmod.cells(cfg)
+    pending, unsupported = _pending(cfg, study, profile_name, echo)
+    if unsupported and len(unsupported) == len(todo):
+        raise SpecdecError(f"no cell of study '{study}' can run on vLLM; {unsupported[0][0]}: {unsupported[0][1]}")
+    for cid, reason in unsupported:
+        echo(f"skipping {cid}: {reason}")
+    done = len(todo) - len(pending) - len(unsupported)
+    echo(f"{study} on {profile_name} (vllm): {len(todo)} cells, {done} done, {len(pending)} to run, "
+         f"{len(unsupported)} unsupported")
+    if limit is not None:
+        pending = pending[:limit]
+    counts = {"cells": len(todo), "ran": 0, "pending": len(pending), "unsupported": len(unsupported)}
+    if dry_run or not pending:
+        return counts
+    from tqdm import tqdm
+    from vllm import LLM, SamplingParams
+
+    keys = [json.dumps(kw, sort_keys=True, default=str) for _, _, kw in pending]
+    first = {key: keys.index(key) for key in keys}
+    order = sorted(range(len(pending)), key=lambda i: (first[keys[i]], i))  # cells sharing an engine together
+    plist = _tokenized_prompts(cfg)
+    versions = rawdata.versions()
+    versions.setdefault("vllm", getattr(sys.modules.get("vllm"), "__version__", "unknown"))
+    chash = cfgmod.config_hash(cfg)
+    llm, llm_key = None, None
+    try:
+        for i in tqdm(order, desc=f"{study}/{profile_name}/vllm", unit="cell"):
+            cell, folder, kwargs = pending[i]
+            if keys[i] != llm_key:
+                if llm is not None:
+                    _shutdown(llm)
+                    llm = None
+                    _free_gpu()
+                try:
+                    llm = LLM(**kwargs)
+                except (NotImplementedError, ValueError, TypeError) as e:
+                    line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                    raise SpecdecError(f"vLLM rejected {cfgmod.cell_id(cell)}: {line}") from e
+                llm_key = keys[i]
+            started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            load0 = os.getloadavg()
+            reqs, batches, acceptance = run_static(llm, SamplingParams, cfg, cell, plist)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "acceptance.json").write_text(json.dumps(acceptance, indent=2, sort_keys=True))
+            meta = {"study": study, "run_id": folder.name, "profile": profile_name, "cell": cell, "config": cfg,
+                    "config_sha256": chash, "hardware": machine, "versions": versions,
+                    "git": rawdata.git_state(), "command": "python -m specdec " + " ".join(sys.argv[1:]),
+                    "engine": "vllm", "device": "cuda", "started": started, "loadavg_start": load0,
+                    "loadavg_end": os.getloadavg(), "acceptance": acceptance,
+                    "vllm": {"llm_kwargs": kwargs, "sampling_kwargs": sampling_kwargs(cfg, cell)},
+                    "timing_notes": TIMING_NOTES}
+            rawdata.write_run(folder, {"requests": pd.DataFrame(reqs), "batches": pd.DataFrame(batches)}, meta)
+            counts["ran"] += 1
+    finally:
+        if llm is not None:
+            _shutdown(llm)
+    counts["pending"] -= counts["ran"]
+    return counts

@@ -1,0 +1,292 @@
+"""Acceptance model, speedup predictor, policy, the advise CLI and validate()."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from specdec import acceptance, cli, costmodel, predict, rawdata
+from specdec.acceptance import AcceptanceModel, Trace
+from specdec.costmodel import CostModel, LinearCost
+from specdec.errors import SpecdecError
+
+TARGET = LinearCost(2e-3, 5e-5, 1e-7)
+
+
+def costs(draft=LinearCost(1e-4, 2.5e-6, 5e-9), target=TARGET, source="fitted"):
+    return CostModel("fixture", "tiny", source, target, draft)
+
+
+def iid_traces(alpha, k, n_req=200, steps=20, seed=0):
+    rng = np.random.default_rng(seed)
+    ok = rng.random((n_req, steps, k)) < alpha
+    n = ok.cumprod(axis=2).sum(axis=2)
+    return [Trace(k, tuple(int(x) for x in row)) for row in n]
+
+
+# -- acceptance ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.8, 1.0])
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_iid_special_case_matches_closed_form(alpha, k):
+    acc = AcceptanceModel.iid(alpha, 8)
+    closed = (k + 1) if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    assert acc.expected_tokens(k) == pytest.approx(closed)
+    assert acceptance.iid_expected_tokens(alpha, k) == pytest.approx(closed)
+    assert acc.length_dist(k).sum() == pytest.approx(1)
+
+
+def test_iid_traces_estimate_the_closed_form():
+    acc = AcceptanceModel.from_traces(iid_traces(0.6, 6))
+    assert acc.iid_alpha == pytest.approx(0.6, abs=0.02)
+    assert np.allclose(acc.conditionals(), 0.6, atol=0.06)
+    for k in (1, 3, 6):
+        assert acc.expected_tokens(k) == pytest.approx(acceptance.iid_expected_tokens(0.6, k), rel=0.03)
+
+
+def test_per_position_conditionals_by_hand():
+    acc = AcceptanceModel.from_traces([Trace(3, (0, 1)), Trace(3, (3, 3))])
+    # position 1 tried 4 accepted 3; position 2 tried 3 accepted 2; position 3 tried 2 accepted 2
+    assert acc.conditionals() == pytest.approx([3 / 4, 2 / 3, 1.0])
+    assert acc.length_dist(3) == pytest.approx([0.25, 0.25, 0.0, 0.5])
+    assert acc.empirical_length_dist(3) == pytest.approx([0.25, 0.25, 0.0, 0.5])
+    assert acc.expected_tokens(3) == pytest.approx(np.mean([1, 2, 4, 4]))
+    # k' < k: the mean of min(n, k') + 1, not the i.i.d. value
+    assert acc.expected_tokens(1) == pytest.approx(np.mean([1, 2, 2, 2]))
+    assert acc.iid_alpha == pytest.approx(7 / 9)
+    assert acc.iid_expected_tokens(3) != pytest.approx(acc.expected_tokens(3), rel=1e-3)
+
+
+def test_position_dependent_acceptance_differs_from_iid():
+    # the first token is hard (50 %), later ones always accepted
+    acc = AcceptanceModel.from_traces([Trace(4, (0, 4) * 50)])
+    assert acc.conditionals() == pytest.approx([0.5, 1, 1, 1])
+    assert acc.expected_tokens(4) == pytest.approx(3.0)
+    assert acc.iid_alpha == pytest.approx(0.8)  # 200 accepted of 250 tried
+    assert acc.iid_expected_tokens(4) == pytest.approx(3.3616)  # i.i.d. overestimates here
+
+
+def test_beyond_traced_k_is_an_error_unless_extrapolated():
+    acc = AcceptanceModel.from_traces([Trace(2, (2, 1, 0))])
+    with pytest.raises(SpecdecError, match="k <= 2"):
+        acc.expected_tokens(4)
+    assert acc.conditionals(4, extrapolate=True)[2:] == pytest.approx([acc.conditionals()[-1]] * 2)
+
+
+def test_from_steps_groups_requests_and_skips_finished_and_k0():
+    steps = pd.DataFrame({
+        "run_id": ["r", "r", "r", "z"], "repeat": [0] * 4, "batch_idx": [0] * 4, "k": [3, 3, 3, 0],
+        "accepted": [[3, 0], [1, 2], [0, 3], [0]], "proposed": [[3, 3], [3, 1], [3, 3], [0]],
+        "active": [[True, True], [True, True], [False, True], [True]], "rids": [[0, 1], [0, 1], [0, 1], [0]]})
+    traces = sorted(acceptance.from_steps(steps), key=lambda t: t.accepted)
+    assert traces == [Trace(3, (0, 2, 3)), Trace(3, (3, 1))]
+
+
+def test_jsonl_round_trip_and_bad_lines(tmp_path):
+    traces = [Trace(5, (1, 5, 0)), Trace(3, (2,))]
+    path = tmp_path / "t.jsonl"
+    acceptance.write_jsonl(traces, path)
+    assert acceptance.read_jsonl(path) == traces
+    assert json.loads(path.read_text().splitlines()[0]) == {"k": 5, "accepted": [1, 5, 0]}
+    path.write_text('{"k": 2, "accepted": [3]}\n')
+    with pytest.raises(SpecdecError, match="line 1"):
+        acceptance.read_jsonl(path)
+
+
+def test_fixture_traces_load_and_bootstrap():
+    traces, where = acceptance.load_traces("fixture", "tiny")
+    acc = AcceptanceModel.from_traces(traces, where)
+    assert "fixture/acceptance" in where and acc.max_k == 5
+    assert acc.length_dist(5) == pytest.approx(acc.empirical_length_dist(5))
+    boots = [acc.resample(np.random.default_rng(s)).expected_tokens(5) for s in range(50)]
+    assert np.std(boots) > 0 and 1 <= min(boots) and max(boots) <= 6
+
+
+# -- predictor ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("batch", [1, 8, 64])
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_speedup_below_one_without_acceptance(batch, k):
+    assert predict.speedup(costs(), AcceptanceModel.iid(0.0, 8), batch, k) < 1
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_speedup_above_one_for_cheap_draft_with_full_acceptance(k):
+    s = predict.speedup(costs(), AcceptanceModel.iid(1.0, 8), 1, k)
+    assert s > 1.5
+    # by hand: (k+1) tokens for t_sd, 1 token for t_base
+    t_base = TARGET.seconds(1, 1, 512)
+    d = LinearCost(1e-4, 2.5e-6, 5e-9)
+    t_sd = d.seconds(1, 2, 512) + (k - 1) * d.seconds(1, 1, 512) + TARGET.seconds(1, k + 1, 512)
+    assert s == pytest.approx((k + 1) * t_base / t_sd)
+
+
+def test_optimal_k_is_zero_when_draft_costs_as_much_as_target():
+    cm = costs(draft=TARGET)
+    for batch in (1, 8, 64):
+        assert predict.optimal_k(cm, AcceptanceModel.iid(1.0, 8), batch)[0] == 0
+    assert predict.optimal_k(costs(), AcceptanceModel.iid(0.9, 8), 1)[0] > 0
+
+
+def test_optimal_k_shrinks_with_batch_size_on_a_compute_bound_target():
+    cm = costs(target=LinearCost(2e-3, 2e-4, 0))  # verify cost grows fast with batched tokens
+    acc = AcceptanceModel.iid(0.7, 8)
+    ks = [predict.optimal_k(cm, acc, b)[0] for b in (1, 8, 64)]
+    assert ks[0] > ks[1] >= ks[2] and ks[-1] == 0
+
+
+def test_break_even_alpha_gives_speedup_one():
+    cm = costs()
+    for batch, k in ((1, 3), (16, 2)):
+        a = predict.break_even_alpha(cm, batch, k)
+        assert 0 < a < 1
+        assert predict.speedup(cm, AcceptanceModel.iid(a, k), batch, k) == pytest.approx(1, abs=1e-6)
+    assert predict.break_even_alpha(costs(draft=TARGET), 1, 2) is None
+
+
+def test_policy_ranges_cover_all_batches_in_vllm_format():
+    cm = costs(target=LinearCost(2e-3, 2e-5, 0))
+    ranges = predict.policy(cm, AcceptanceModel.iid(0.7, 8), max_batch=256)
+    assert ranges[0][0] == 1 and ranges[-1][1] == 256
+    assert all(r[1] + 1 == s[0] for r, s in zip(ranges, ranges[1:]))
+    assert all(a[2] != b[2] for a, b in zip(ranges, ranges[1:]))
+    assert ranges[0][2] > ranges[-1][2] == 0
+    conf = predict.vllm_config(ranges)
+    assert conf["num_speculative_tokens"] == max(r[2] for r in ranges)
+    assert conf["num_speculative_tokens_per_batch_size"] is ranges
+
+
+def test_interval_from_bootstrap_brackets_the_point():
+    acc = AcceptanceModel.from_traces(iid_traces(0.6, 5, n_req=40))
+    p = predict.predict(costmodel.load("fixture", "tiny"), acc, 2, 3, n_boot=200)
+    assert p.lo < p.hi and p.cost_source == "fitted"
+    exact = predict.predict(costs(), AcceptanceModel.iid(0.6, 5), 2, 3, n_boot=20)
+    assert exact.lo == pytest.approx(exact.speedup) == pytest.approx(exact.hi)  # nothing to resample
+
+
+def test_static_steps_per_request_keeps_slow_requests_slow():
+    acc = AcceptanceModel.from_traces([Trace(3, (3,) * 50), Trace(3, (0,) * 50)])
+    # each sequence is all-fast (3 steps for 12 tokens) or all-slow (12 steps): a batch of 8 waits for a slow one
+    assert predict.static_steps(acc, 3, 8, 12) == pytest.approx(12 - 9 / 256, abs=0.05)
+    assert predict.static_steps(acc, 3, 8, 12, per_request=False) < 10
+
+
+def test_static_steps_limits():
+    assert predict.static_steps(AcceptanceModel.iid(1.0, 4), 4, 8, 11) == 3  # ceil(11 / 5)
+    assert predict.static_steps(AcceptanceModel.iid(0.0, 4), 4, 8, 11) == 11
+    half = AcceptanceModel.iid(0.5, 4)
+    assert predict.static_steps(half, 4, 1, 11) < predict.static_steps(half, 4, 16, 11)  # slowest of 16
+
+
+# -- CLI ----------------------------------------------------------------------------------------------
+def run_cli(capsys, *args):
+    with pytest.raises(SystemExit) as ex:
+        cli.main(["advise", *args])
+        raise SystemExit(0)
+    out = capsys.readouterr()
+    return ex.value.code, out.out, out.err
+
+
+def test_advise_cli_on_fixture(capsys):
+    code, out, err = run_cli(capsys, "--pair", "tiny", "--gpu", "fixture", "--batch", "4")
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert len(lines) <= 8 and lines[0].startswith("recommendation: ")
+    assert "SD" in lines[0] and "interval" in out and "break-even" in out and "FITTED" in out
+    conf = json.loads(out.split("--speculative-config: ", 1)[1])
+    assert conf["num_speculative_tokens_per_batch_size"][0][0] == 1
+
+
+def test_advise_cli_with_traces_file_on_prior_profile(capsys, tmp_path):
+    path = tmp_path / "t.jsonl"
+    acceptance.write_jsonl(iid_traces(0.8, 5, n_req=30), path)
+    code, out, _ = run_cli(capsys, "--pair", "qwen2.5-7b/0.5b", "--gpu", "h100", "--batch", "1", "--k", "3",
+                           "--traces", str(path))
+    assert code == 0 and "PRIOR" in out and "k=3" in out
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--pair", "nope", "--gpu", "fixture", "--batch", "4"], "unknown model pair"),
+    (["--pair", "tiny", "--gpu", "nope", "--batch", "4"], "unknown hardware profile"),
+    (["--pair", "tiny", "--gpu", "fixture", "--batch", "0"], "batch must be >= 1"),
+    (["--pair", "tiny", "--gpu", "fixture", "--batch", "4", "--k", "-1"], "k must be >= 0"),
+    (["--pair", "tiny", "--gpu", "fixture", "--batch", "4", "--k", "9"], "only cover k <= 5"),
+])
+def test_advise_cli_bad_input_is_one_line_exit_2(capsys, args, msg):
+    code, out, err = run_cli(capsys, *args)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and msg in err
+
+
+def test_advise_without_traces_anywhere_is_one_line(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_RAW", str(tmp_path))
+    code, _, err = run_cli(capsys, "--pair", "tiny", "--gpu", "fixture", "--batch", "4")
+    assert code == 2 and err.count("\n") == 1 and "--traces" in err
+
+
+# -- validate -----------------------------------------------------------------------------------------
+def test_validate_fixture_runs():
+    df = predict.validate("fixture")
+    assert len(df) == 16 and set(df["proposer"]) == {"draft", "ngram"}
+    assert {"predicted", "measured", "abs_pct_err"} <= set(df.columns)
+    assert (df["predicted"] > 0).all() and np.isfinite(df.attrs["mape"])
+    assert df.attrs["mape"] == pytest.approx(df["abs_pct_err"].mean())
+
+
+def _write(root, study, run_id, cell, tables, pair="tiny"):
+    folder = root / "fixture" / study / run_id
+    rawdata.write_run(folder, tables, {"study": study, "run_id": run_id, "profile": "fixture", "cell": cell,
+                                       "config": {"pair": pair}})
+
+
+def test_validate_recovers_a_synthetic_world(tmp_path, monkeypatch):
+    """Raw data generated from a known cost model and acceptance: validate must predict it closely."""
+    monkeypatch.setenv("SPECDEC_RAW", str(tmp_path))
+    truth = costs(target=LinearCost(2e-3, 1e-4, 2e-7), draft=LinearCost(3e-4, 1e-5, 2e-8))
+    base = {"mode": "static", "temperature": 0.0, "alpha": None, "quant": "none", "rate": None, "context": None}
+    for b in (1, 4, 16):  # one run per forward cell, as the harness writes them (cell keys become columns)
+        for q in (1, 2, 4):
+            for c in (32, 128):
+                rows = [{"model": m, "repeat": 0, "batch": b, "query": q, "context": c, "tokens": b * q,
+                         "seconds": float(truth.forward_s(m, b, q, c))} for m in ("target", "draft")]
+                cell = dict(base, mode="forward", batch=b, k=q - 1, proposer="draft", context=c)
+                _write(tmp_path, "hardware", f"fwd-bs{b}-q{q}-ctx{c}", cell, {"forwards": pd.DataFrame(rows)})
+    # two kinds of request (think code and prose) with position-dependent acceptance each
+    kinds = np.array([[0.95, 0.9, 0.85, 0.8], [0.6, 0.4, 0.3, 0.3]])
+    rng = np.random.default_rng(0)
+
+    def draw(kind, size):  # accepted counts (0..4) of `size` steps of requests of `kind`
+        return (rng.random((size, 4)) < kinds[kind]).cumprod(axis=1).sum(axis=1)
+
+    acc_steps = [{"accepted": [int(draw(r % 2, 1)[0]) for r in range(4)], "proposed": [4] * 4,
+                  "active": [True] * 4, "rids": [0, 1, 2, 3], "repeat": 0, "batch_idx": g}
+                 for g in range(15) for _ in range(40)]  # 60 requests of 40 steps
+    _write(tmp_path, "acceptance", "acc", dict(base, batch=4, k=4, proposer="draft"),
+           {"steps": pd.DataFrame(acc_steps)})
+    need, prompt = 15, 40
+    for bs in (1, 4):
+        for k in (0, 3):
+            groups = []
+            for g in range(300):
+                if k == 0:
+                    steps = need
+                else:  # simulate this batch: every sequence is a random kind of request
+                    per_seq = np.array([np.cumsum(np.minimum(draw(rng.integers(2), need), k) + 1) for _ in range(bs)])
+                    steps = int(((per_seq >= need).argmax(axis=1) + 1).max())
+                ctx = prompt + (need + 1) / 2
+                groups.append({"repeat": 0, "batch_idx": g, "size": bs, "decode_tokens": bs * need, "steps": steps,
+                               "decode_s": steps * float(truth.step_s(bs, k, ctx))})
+            reqs = [{"repeat": 0, "batch_idx": g, "rid": i, "prompt_tokens": prompt, "new_tokens": need + 1}
+                    for g in range(300) for i in range(bs)]
+            _write(tmp_path, "batch", f"bs{bs}-k{k}", dict(base, batch=bs, k=k, proposer="draft" if k else "none"),
+                   {"batches": pd.DataFrame(groups), "requests": pd.DataFrame(reqs)})
+    df = predict.validate("fixture")
+    assert len(df) == 2 and df.attrs["mape"] < 3
+    assert df["predicted_step_s"].to_numpy() == pytest.approx(df["measured_step_s"].to_numpy(), rel=1e-6)
+    assert (df["predicted"] != df["predicted_steady"]).all()  # the static-batch tail is modelled
+    pooled = predict.validate("fixture", per_request=False)  # ignores that slow requests hold up a batch
+    assert pooled.loc[1, "predicted_steps"] < df.loc[1, "predicted_steps"]
+
+
+def test_validate_without_data_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_RAW", str(tmp_path))
+    with pytest.raises(SpecdecError, match="no complete raw runs"):
+        predict.validate("fixture")
