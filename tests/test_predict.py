@@ -290,3 +290,14 @@ def test_validate_without_data_is_an_error(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_RAW", str(tmp_path))
     with pytest.raises(SpecdecError, match="no complete raw runs"):
         predict.validate("fixture")
+
+
+def test_policy_compare_on_fixture():
+    df = predict.policy_compare("fixture", fixed_k=4)
+    assert set(df["policy"]) == {"off", "fixed k=4", "adaptive"}
+    off = df[df["policy"] == "off"]
+    assert (off["predicted"] == 1.0).all() and (off["measured"] == 1.0).all()
+    fixed = df[df["policy"] == "fixed k=4"]
+    assert fixed["measured"].notna().all()  # k=4 was measured at every fixture batch size
+    adaptive = df[df["policy"] == "adaptive"].set_index("batch")["predicted"]
+    assert (adaptive.values >= fixed.set_index("batch")["predicted"].values - 1e-12).all()

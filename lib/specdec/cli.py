@@ -54,6 +54,14 @@ def advise(pair: str = typer.Option(..., help="model pair, e.g. qwen2.5-coder-1.
         typer.echo(line)
 
 
+@app.command("refresh-notebooks")
+def refresh_notebooks(stems: list[str] = typer.Argument(None, help="notebook stems (default: all)")):
+    """Re-execute notebooks against the CI fixture and keep only their checked (nbval) outputs."""
+    from . import nbrefresh, paths
+    stems = stems or sorted(p.stem for p in (paths.root() / "notebooks").glob("*.ipynb"))
+    nbrefresh.refresh(stems, echo=typer.echo)
+
+
 def main(argv=None) -> None:
     try:
         app(args=argv, standalone_mode=False)

@@ -138,6 +138,21 @@ class SpecEngine:
         self.seqs.extend(seqs)
         return time.perf_counter() - start
 
+    def clone(self, seed: int | None = None) -> "SpecEngine":
+        """An independent copy of the running state (caches, pending tokens, sequences), steps cleared, its
+        clock continuing from this one's. Used to time several decodes from one prefill."""
+        import copy
+
+        new = copy.copy(self)
+        new.tkv = self.tkv.clone()
+        new.dkv = self.dkv.clone() if self.dkv is not None else None
+        new.seqs = [copy.deepcopy(s) for s in self.seqs]
+        new.last, new.dpend, new.dvalid = self.last.clone(), self.dpend.clone(), self.dvalid.clone()
+        new.steps = []
+        new.gen = torch.Generator(device=self.device).manual_seed(self.cfg.seed if seed is None else seed)
+        new.t0 = time.perf_counter() - self.now()
+        return new
+
     def retire(self) -> list[Sequence]:
         """Drop finished sequences from the batch (continuous batching); returns them."""
         keep = [i for i, s in enumerate(self.seqs) if not s.done]
@@ -272,16 +287,26 @@ class SpecEngine:
         return all(s.done for s in self.seqs)
 
 
+def prefill(target, draft, prompts: list[list[int]], cfg: GenConfig, eos_token_id=None, pad_token_id=0):
+    """A static batch after its prefill: (engine, prefill seconds)."""
+    eng = SpecEngine(target, draft, cfg, eos_token_id, pad_token_id)
+    prefill_s = eng.add([Sequence(i, list(p), cfg.max_new_tokens) for i, p in enumerate(prompts)])
+    return eng, prefill_s
+
+
+def decode(eng: SpecEngine, max_steps: int | None = None) -> float:
+    """Step until every sequence is done (or max_steps); returns the decode seconds."""
+    _sync(eng.device)
+    t = time.perf_counter()
+    while not eng.all_done() and (max_steps is None or len(eng.steps) < max_steps):
+        eng.step()
+    _sync(eng.device)
+    return time.perf_counter() - t
+
+
 def generate(target, draft, prompts: list[list[int]], cfg: GenConfig, eos_token_id=None, pad_token_id=0):
     """Static batching: prefill all prompts together, step until every sequence has max_new_tokens.
 
     Returns (engine, prefill seconds, decode seconds); the sequences are engine.seqs in prompt order."""
-    eng = SpecEngine(target, draft, cfg, eos_token_id, pad_token_id)
-    seqs = [Sequence(i, list(p), cfg.max_new_tokens) for i, p in enumerate(prompts)]
-    prefill_s = eng.add(seqs)
-    _sync(eng.device)
-    t = time.perf_counter()
-    while not eng.all_done():
-        eng.step()
-    _sync(eng.device)
-    return eng, prefill_s, time.perf_counter() - t
+    eng, prefill_s = prefill(target, draft, prompts, cfg, eos_token_id, pad_token_id)
+    return eng, prefill_s, decode(eng)

@@ -73,6 +73,15 @@ class KVState:
             layer.keys = fn(layer.keys)
             layer.values = fn(layer.values)
 
+    def clone(self) -> "KVState":
+        """An independent copy (same model, copied cache tensors and mask)."""
+        import copy
+
+        new = KVState(self.model)
+        if self.mask is not None:
+            new.cache, new.mask = copy.deepcopy(self.cache), self.mask.clone()
+        return new
+
     def holes(self) -> int:
         """Slots beyond the longest sequence: what compaction would free."""
         return self.slots - int(self.lengths().max()) if self.batch else 0

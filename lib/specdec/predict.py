@@ -325,3 +325,35 @@ def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int
     df.attrs["mape"] = float(df["abs_pct_err"].mean())
     df.attrs["cost_source"] = costs.describe()
     return df
+
+
+def policy_compare(profile: str, pair: str | None = None, fixed_k: int = 3, proposer: str = "draft",
+                   context: float | None = None) -> pd.DataFrame:
+    """Off vs fixed k vs adaptive k (best predicted k per batch size), at each batch size of the batch study.
+
+    Columns: batch, policy, k, predicted (speedup), measured (speedup of the batch-study cell with that k,
+    NaN where that k was not measured), measured_ks (the k values measured at that batch size). Costs come
+    from the hardware study and acceptance from the acceptance study of `profile`, as in validate()."""
+    quiet = lambda _m: None  # noqa: E731
+    batches = rawdata.load("batch", profile, "batches", warn=quiet)
+    pair = costmodel.pair_name(pair) if pair else str(batches["pair"].iloc[0])
+    batches = batches[(batches["pair"] == pair) & batches["proposer"].isin([proposer, "none"])]
+    costs = costmodel.fit(profile, pair)
+    found, where = acceptance.load_traces(profile, pair, proposer, 0.0, studies=("acceptance",))
+    acc = AcceptanceModel.from_traces(found, where)
+    if context is None:
+        reqs = rawdata.load("batch", profile, "requests", warn=quiet)
+        context = float(reqs["prompt_tokens"].mean() + reqs["new_tokens"].mean() / 2)
+    per_tok = batches.groupby(["batch", "k"]).apply(
+        lambda g: g["decode_s"].sum() / g["decode_tokens"].sum(), include_groups=False)
+    rows = []
+    for bs in sorted(batches["batch"].unique()):
+        measured_ks = sorted(int(k) for k in per_tok.loc[bs].index)
+        best_k, _ = optimal_k(costs, acc, int(bs), context, proposer)
+        for name, k in (("off", 0), (f"fixed k={fixed_k}", fixed_k), ("adaptive", best_k)):
+            k = min(k, acc.max_k) if k else 0
+            meas = per_tok.loc[(bs, 0)] / per_tok.loc[(bs, k)] if (bs, k) in per_tok.index and (bs, 0) in per_tok.index \
+                else np.nan
+            rows.append({"batch": int(bs), "policy": name, "k": k, "measured_ks": measured_ks,
+                         "predicted": float(speedup(costs, acc, int(bs), k, context, proposer)), "measured": meas})
+    return pd.DataFrame(rows)

@@ -98,18 +98,38 @@ def scan(profile: str | None = None, study: str | None = None) -> tuple[list[Pat
     return complete, partial
 
 
+_HASHES: dict = {}
+
+
+def _current(meta: dict, study: str) -> bool:
+    """Was this run measured under the study config as it is now (for its profile)?"""
+    from . import config
+
+    key = (study, meta.get("profile"))
+    if key not in _HASHES:
+        try:
+            _HASHES[key] = config.config_hash(config.load_study(study, meta.get("profile")))
+        except SpecdecError:
+            _HASHES[key] = None
+    return _HASHES[key] is None or meta.get("config_sha256") == _HASHES[key]
+
+
 def load(study: str, profile: str | None = None, table: str = "requests", warn=print) -> pd.DataFrame:
     """One table of every complete run of a study, with the run's cell and profile as columns.
 
-    Partial runs are reported through `warn` and skipped; no complete run is a one-line error."""
+    Partial runs are reported through `warn` and skipped, and so are runs measured under an older version
+    of the study config (config_sha256 differs); no complete run is a one-line error."""
     if table not in TABLES:
         raise SpecdecError(f"unknown raw table '{table}'; known: {', '.join(TABLES)}")
     complete, partial = scan(profile, study)
     for folder in partial:
         warn(f"skipping partial or corrupt run {folder} (no complete meta.json)")
-    frames = []
+    frames, stale = [], 0
     for folder in complete:
         meta = read_meta(folder)
+        if not _current(meta, study):
+            stale += 1
+            continue
         path = folder / f"{table}.parquet"
         if not path.exists():
             continue
@@ -123,6 +143,8 @@ def load(study: str, profile: str | None = None, table: str = "requests", warn=p
         df["profile"], df["run_id"], df["engine"] = meta["profile"], meta["run_id"], meta.get("engine", "torch")
         df["pair"] = meta["config"].get("pair")
         frames.append(df)
+    if stale:
+        warn(f"ignored {stale} run(s) of {study} measured under an older config (different config_sha256)")
     if not frames:
         where = f"data/raw/{profile or '*'}/{study}"
         raise SpecdecError(f"no complete raw runs in {where} (run `make measure GPU=...` or use the fixture)")

@@ -224,7 +224,7 @@ def run_static(llm, sampling_cls, cfg: dict, cell: dict, plist: list[dict]):
     n_req = max(bs, cfg.get("prompts", {}).get("min_requests", bs))
     chosen = [plist[i % len(plist)] for i in range(n_req)]
     params = sampling_cls(**sampling_kwargs(cfg, cell))
-    warm = sampling_cls(**sampling_kwargs(cfg, cell, max_tokens=timing.get("warmup_tokens", 4)))
+    warm = sampling_cls(**sampling_kwargs(cfg, cell, max_tokens=timing.get("warmup_steps", 4)))
     llm.generate([{"prompt_token_ids": p["ids"]} for p in chosen[:bs]], warm, use_tqdm=False)
     before = spec_counters(llm.get_metrics())
     reqs, batches = [], []

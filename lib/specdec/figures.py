@@ -1,0 +1,423 @@
+"""Figures and tables of the studies: plotting helpers that take analysis DataFrames and return a Figure,
+plus writers for figures/<gpu>/<name>.{png,pdf} and build/<gpu>/<name>.csv.
+
+Output roots: $SPECDEC_FIGURES (default <repo>/figures) and $SPECDEC_BUILD (default <repo>/build).
+Figure and table names start with the study stem (batch-speedup, acceptance-positions, ...).
+Plot helpers never raise on empty input: they draw a placeholder that says why there is no data, so a
+notebook always writes the same set of files.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import matplotlib
+
+if "inline" not in str(matplotlib.get_backend()).lower():
+    matplotlib.use("Agg")  # headless; notebooks keep their inline (Agg-based) backend for display
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from . import paths  # noqa: E402
+
+sns.set_theme(style="whitegrid", context="paper", palette="colorblind")
+WIDTH = 6.4
+
+# What each notebook (notebooks/<study>.ipynb) writes: figures/<gpu>/<name>.{png,pdf}, build/<gpu>/<name>.csv
+# and other build/<gpu>/ files. The Makefile and tests/test_notebooks_figures.py rely on this list.
+OUTPUTS = {
+    "batch": {"figures": ["batch-speedup", "batch-throughput", "batch-overhead"],
+              "tables": ["batch-speedup", "batch-overhead"], "files": []},
+    "acceptance": {"figures": ["acceptance-positions", "acceptance-requests", "acceptance-iid", "acceptance-breakeven"],
+                   "tables": ["acceptance-positions", "acceptance-requests", "acceptance-summary", "acceptance-iid",
+                              "acceptance-breakeven"], "files": []},
+    "hardware": {"figures": ["hardware-forward", "hardware-overhead", "hardware-profiles"],
+                 "tables": ["hardware-forward", "hardware-overhead", "hardware-profiles"], "files": []},
+    "alternatives": {"figures": ["alternatives-compare", "alternatives-latency"],
+                     "tables": ["alternatives-compare", "alternatives-latency", "alternatives-serving"], "files": []},
+    "validation": {"figures": ["validation-predicted-vs-measured", "validation-policy"],
+                   "tables": ["validation-predicted-vs-measured", "validation-policy"], "files": []},
+    "claims": {"figures": ["claims-verdicts"], "tables": ["claims"], "files": ["claims.md"]},
+}
+
+
+# -- output ---------------------------------------------------------------------------------------------------
+def figures_dir(gpu: str) -> Path:
+    return Path(os.environ.get("SPECDEC_FIGURES") or paths.root() / "figures") / gpu
+
+
+def build_dir(gpu: str) -> Path:
+    return Path(os.environ.get("SPECDEC_BUILD") or paths.root() / "build") / gpu
+
+
+def save(fig, gpu: str, name: str) -> list[Path]:
+    """Write figures/<gpu>/<name>.png (150 dpi) and .pdf; returns the two paths."""
+    folder = figures_dir(gpu)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for ext in ("png", "pdf"):
+        path = folder / f"{name}.{ext}"
+        fig.savefig(path, dpi=150, bbox_inches="tight", metadata={"CreationDate": None} if ext == "pdf" else None)
+        out.append(path)
+    return out
+
+
+def save_table(df: pd.DataFrame, gpu: str, name: str) -> Path:
+    """Write build/<gpu>/<name>.csv (floats with 6 significant digits); returns the path."""
+    folder = build_dir(gpu)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.csv"
+    df.to_csv(path, index=False, float_format="%.6g")
+    return path
+
+
+def save_text(text: str, gpu: str, filename: str) -> Path:
+    """Write build/<gpu>/<filename> (e.g. claims.md); returns the path."""
+    folder = build_dir(gpu)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / filename
+    path.write_text(text)
+    return path
+
+
+# -- helpers ----------------------------------------------------------------------------------------------------
+def placeholder(title: str, reason: str):
+    """A figure that only says there is no data, and why."""
+    fig, ax = plt.subplots(figsize=(WIDTH, 2.0))
+    ax.axis("off")
+    ax.set_title(title)
+    ax.text(0.5, 0.5, "no data: " + (reason or "nothing measured"), ha="center", va="center", wrap=True,
+            fontsize=8, transform=ax.transAxes)
+    return fig
+
+
+def _err(df: pd.DataFrame, y: str, lo: str = "ci_lo", hi: str = "ci_hi"):
+    """Asymmetric error bars (2, n) from CI columns; NaN bounds give no bar."""
+    low = (df[y] - df[lo]).clip(lower=0).fillna(0).to_numpy()
+    high = (df[hi] - df[y]).clip(lower=0).fillna(0).to_numpy()
+    return np.vstack([low, high])
+
+
+def _series_label(r) -> str:
+    return "no SD (k=0)" if r["k"] == 0 else f"{r['proposer']} k={r['k']}"
+
+
+def _log2_batch(ax, batches) -> None:
+    ax.set_xscale("log", base=2)
+    ticks = sorted(set(int(b) for b in batches))
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([str(t) for t in ticks])
+    ax.minorticks_off()
+
+
+# -- batch study ------------------------------------------------------------------------------------------------
+def batch_speedup(sp: pd.DataFrame, gpu: str, note: str = ""):
+    """Speedup vs batch size, one line per proposer x k, 95% CI bars, the no-SD level at 1."""
+    title = f"SD speedup vs batch size ({gpu})"
+    sd = sp[sp["k"] > 0] if len(sp) else sp
+    if sd.empty:
+        return placeholder(title, note or "no speculative cells")
+    fig, ax = plt.subplots(figsize=(WIDTH, 4))
+    for (prop, k), g in sd.sort_values("batch").groupby(["proposer", "k"]):
+        ax.errorbar(g["batch"], g["speedup"], yerr=_err(g, "speedup"), marker="o", capsize=3,
+                    label=f"{prop} k={k}")
+    ax.axhline(1.0, color="k", lw=1, ls="--", label="no SD")
+    _log2_batch(ax, sp["batch"])
+    ax.set(xlabel="batch size (sequences)", ylabel="speedup over no-SD decode throughput", title=title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def batch_throughput(sp: pd.DataFrame, gpu: str, note: str = ""):
+    """Decode throughput (tokens/s) vs batch size, one line per proposer x k incl. the no-SD baseline."""
+    title = f"decode throughput vs batch size ({gpu})"
+    if sp.empty:
+        return placeholder(title, note)
+    fig, ax = plt.subplots(figsize=(WIDTH, 4))
+    for (prop, k), g in sp.sort_values("batch").groupby(["proposer", "k"]):
+        ax.errorbar(g["batch"], g["throughput_tok_s"], yerr=_err(g, "throughput_tok_s", "tp_ci_lo", "tp_ci_hi"),
+                    marker="o", capsize=3, label=_series_label(g.iloc[0]), ls="--" if k == 0 else "-")
+    _log2_batch(ax, sp["batch"])
+    ax.set_yscale("log")
+    ax.set(xlabel="batch size (sequences)", ylabel="decode throughput (tokens/s)", title=title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def batch_overhead(ov: pd.DataFrame, gpu: str, note: str = ""):
+    """Share of step time spent proposing (draft_s / step time) vs batch size."""
+    title = f"proposal share of step time ({gpu})"
+    if ov.empty:
+        return placeholder(title, note)
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.6))
+    for (prop, k), g in ov.sort_values("batch").groupby(["proposer", "k"]):
+        ax.errorbar(g["batch"], g["draft_frac"], yerr=_err(g, "draft_frac"), marker="o", capsize=3,
+                    label=f"{prop} k={k}")
+    _log2_batch(ax, ov["batch"])
+    ax.set_ylim(0, 1)
+    ax.set(xlabel="batch size (sequences)", ylabel="draft_s / (draft + verify + other)", title=title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+# -- acceptance study -------------------------------------------------------------------------------------------
+def acceptance_positions(pos: pd.DataFrame, gpu: str, note: str = ""):
+    """P(accept position i | reached i) vs i, one panel per proposer x temperature, hue = prompt set."""
+    title = f"acceptance by draft position ({gpu})"
+    if pos.empty:
+        return placeholder(title, note)
+    panels = pos[["proposer", "temperature"]].drop_duplicates().sort_values(["proposer", "temperature"])
+    n = len(panels)
+    fig, axes = plt.subplots(1, n, figsize=(max(WIDTH, 3 * n), 3.4), sharey=True, squeeze=False)
+    sets = sorted(pos["prompt_set"].unique())
+    colors = dict(zip(sets, sns.color_palette(n_colors=len(sets))))
+    for ax, (_, p) in zip(axes[0], panels.iterrows()):
+        sub = pos[(pos["proposer"] == p["proposer"]) & (pos["temperature"] == p["temperature"])]
+        several = len(sub[["k", "batch"]].drop_duplicates()) > 1
+        for (ps, k, b), g in sub.groupby(["prompt_set", "k", "batch"]):
+            g = g.sort_values("position")
+            ax.errorbar(g["position"], g["p_accept"], yerr=_err(g, "p_accept"), marker="o", capsize=3,
+                        color=colors[ps], label=f"{ps}, k={k}, bs{b}" if several else ps)
+        ax.set(title=f"{p['proposer']}, T={p['temperature']:g}", xlabel="draft position i")
+        ax.set_ylim(0, 1.05)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    axes[0][0].set_ylabel("P(accept i | reached i)")
+    axes[0][-1].legend(title="prompt set", fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def acceptance_requests(req: pd.DataFrame, gpu: str, note: str = ""):
+    """Distribution of per-request acceptance (alpha_measured) by prompt set and proposer."""
+    title = f"per-request acceptance ({gpu})"
+    if req.empty:
+        return placeholder(title, note)
+    d = req.assign(setting=req["proposer"] + ", T=" + req["temperature"].map("{:g}".format))
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.6))
+    with warnings.catch_warnings():  # seaborn 0.13 passes matplotlib's deprecated `vert` to boxplot
+        warnings.simplefilter("ignore", matplotlib.MatplotlibDeprecationWarning)
+        sns.boxplot(data=d, x="prompt_set", y="alpha_measured", hue="setting", ax=ax, fliersize=0, width=0.6)
+    sns.stripplot(data=d, x="prompt_set", y="alpha_measured", hue="setting", ax=ax, dodge=True, size=3,
+                  palette="dark:k", alpha=0.5, legend=False)
+    ax.set(xlabel="prompt set", ylabel="accepted / reached positions per request", title=title, ylim=(0, 1.05))
+    ax.legend(fontsize=7, title=None)
+    fig.tight_layout()
+    return fig
+
+
+def acceptance_iid(iid: pd.DataFrame, gpu: str, note: str = ""):
+    """Measured tokens/step vs the i.i.d. prediction at the same mean acceptance (y = x is a perfect fit)."""
+    title = f"real traces vs i.i.d. acceptance ({gpu})"
+    if iid.empty:
+        return placeholder(title, note)
+    fig, ax = plt.subplots(figsize=(4.8, 4.4))
+    for (synth, prop), g in iid.groupby(["synthetic", "proposer"]):
+        label = f"{prop}, {'synthetic alpha' if synth else 'real'}"
+        ax.errorbar(g["predicted_tps"], g["measured_tps"],
+                    yerr=_err(g, "measured_tps", "measured_ci_lo", "measured_ci_hi"),
+                    marker="s" if synth else "o", ls="none", capsize=3, label=label)
+    hi = float(np.nanmax(iid[["predicted_tps", "measured_tps"]].to_numpy())) * 1.05
+    ax.plot([1, hi], [1, hi], "k--", lw=1, label="y = x")
+    ax.set(xlabel="i.i.d. prediction (1 - a^(k+1)) / (1 - a)", ylabel="measured tokens per step", title=title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def acceptance_breakeven(syn: pd.DataFrame, be: pd.DataFrame, gpu: str, note: str = ""):
+    """Speedup vs forced acceptance alpha per batch size; where each curve crosses 1 is the break-even."""
+    title = f"break-even acceptance ({gpu})"
+    if syn.empty:
+        return placeholder(title, note)
+    fig, ax = plt.subplots(figsize=(WIDTH, 4))
+    batches = sorted(syn["batch"].unique())
+    colors = dict(zip(batches, sns.color_palette(n_colors=len(batches))))
+    for (b, k), g in syn.sort_values("alpha").groupby(["batch", "k"]):
+        ax.errorbar(g["alpha"], g["speedup"], yerr=_err(g, "speedup"), marker="o", capsize=3, color=colors[b],
+                    label=f"bs{b}, k={k}")
+        row = be[(be["batch"] == b) & (be["k"] == k)] if len(be) else be
+        if len(row) and np.isfinite(row["break_even"].iloc[0]):
+            ax.axvline(row["break_even"].iloc[0], color=colors[b], ls=":", lw=1)
+    ax.axhline(1.0, color="k", lw=1, ls="--")
+    ax.set_yscale("log")
+    ax.set(xlabel="forced acceptance alpha (i.i.d.)", ylabel="speedup over no SD", title=title, xlim=(0, 1.05))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+# -- hardware study ---------------------------------------------------------------------------------------------
+def hardware_forward(ft: pd.DataFrame, gpu: str, note: str = ""):
+    """Forward-pass time vs batched tokens, per model and KV context."""
+    title = f"forward-pass time ({gpu})"
+    if ft.empty:
+        return placeholder(title, note)
+    fig, ax = plt.subplots(figsize=(WIDTH, 4))
+    queries = sorted(ft["query"].unique())
+    colors = dict(zip(queries, sns.color_palette(n_colors=len(queries))))
+    markers = dict(zip(sorted(ft["context"].unique()), "osD^v<>"))
+    for (model, q, ctx), g in ft.sort_values("tokens").groupby(["model", "query", "context"]):
+        ax.errorbar(g["tokens"], g["seconds"] * 1e3, yerr=_err(g, "seconds") * 1e3, marker=markers.get(ctx, "o"),
+                    capsize=3, color=colors[q], ls="-" if model == "target" else "--",
+                    label=f"{model}, query {q}, ctx {ctx:g}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set(xlabel="tokens per forward (batch x query)", ylabel="forward time (ms)", title=title)
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def hardware_overhead(fr: pd.DataFrame, gpu: str, note: str = ""):
+    """Draft / target forward time at the same batch and query, vs batch size."""
+    title = f"draft / target forward time ({gpu})"
+    if fr.empty:
+        return placeholder(title, note)
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.6))
+    for (q, ctx), g in fr.sort_values("batch").groupby(["query", "context"]):
+        ax.errorbar(g["batch"], g["ratio"], yerr=_err(g, "ratio"), marker="o", capsize=3,
+                    label=f"query {q}, ctx {ctx:g}")
+    _log2_batch(ax, fr["batch"])
+    ax.set(xlabel="batch size (sequences)", ylabel="draft time / target time", title=title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def hardware_profiles(ac: pd.DataFrame, note: str = ""):
+    """Draft-overhead measures of every profile with data, side by side (one panel per metric)."""
+    title = "draft overhead across hardware profiles"
+    if ac.empty:
+        return placeholder(title, note)
+    metrics = sorted(ac["metric"].unique())
+    fig, axes = plt.subplots(1, len(metrics), figsize=(max(WIDTH, 3.4 * len(metrics)), 3.6), squeeze=False)
+    for ax, m in zip(axes[0], metrics):
+        g = ac[ac["metric"] == m]
+        g = g[g["proposer"].isin(["draft"])] if m == "step_draft_frac" else g
+        agg = g.groupby(["profile", "batch"], as_index=False)["value"].mean()
+        sns.barplot(data=agg, x="batch", y="value", hue="profile", ax=ax)
+        ax.set(title={"step_draft_frac": "draft share of step time (draft model)",
+                      "forward_ratio": "draft / target forward time"}.get(m, m), xlabel="batch size",
+               ylabel="mean over cells")
+        ax.legend(fontsize=7, title=None)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+# -- alternatives study ---------------------------------------------------------------------------------------------
+def alternatives_compare(alt: pd.DataFrame, gpu: str, note: str = ""):
+    """Speedup of each alternative over its fp32 no-SD reference (bars, 95% CI)."""
+    title = f"SD vs quantization vs batching ({gpu})"
+    if alt.empty:
+        return placeholder(title, note)
+    d = alt.copy()
+    d["setting"] = [f"bs{b}" + (f", {r:g}/s" if pd.notna(r) else "") + (f", k={k}" if k else "")
+                    for b, r, k in zip(d["batch"], d["rate"], d["k"])]
+    options = list(dict.fromkeys(d["option"]))
+    fig, ax = plt.subplots(figsize=(WIDTH, 0.45 * len(d) + 1.2))
+    colors = dict(zip(options, sns.color_palette(n_colors=len(options))))
+    y = np.arange(len(d))
+    ax.barh(y, d["speedup"], xerr=_err(d, "speedup"), color=[colors[o] for o in d["option"]], capsize=3)
+    ax.set_yticks(y)
+    ax.set_yticklabels([f"{o} ({s})" for o, s in zip(d["option"], d["setting"])], fontsize=7)
+    ax.invert_yaxis()
+    ax.axvline(1.0, color="k", lw=1, ls="--")
+    ax.set(xlabel="speedup over fp32 no-SD reference (see table: same batch, or bs1 for batching)", title=title)
+    fig.tight_layout()
+    return fig
+
+
+def alternatives_latency(lat: pd.DataFrame, gpu: str, note: str = ""):
+    """Latency and time-to-first-token percentiles of the continuous-batching cells, by arrival rate and k."""
+    title = f"continuous batching latency ({gpu})"
+    if lat.empty:
+        return placeholder(title, note)
+    d = lat[lat["metric"].isin(["latency_s", "ttft_s"])].copy()
+    d["series"] = [f"{'no SD' if k == 0 else f'SD k={k}'}, p{q}" for k, q in zip(d["k"], d["quantile"])]
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH * 1.3, 3.6), sharex=True, squeeze=False)
+    for ax, metric in zip(axes[0], ["latency_s", "ttft_s"]):
+        for s, g in d[d["metric"] == metric].sort_values("rate").groupby("series"):
+            ax.errorbar(g["rate"], g["value_s"], yerr=_err(g, "value_s"), marker="o", capsize=3, label=s,
+                        ls="-" if "no SD" in s else "--")
+        ax.set(xlabel="arrival rate (requests/s)", ylabel="seconds",
+               title={"latency_s": "request latency", "ttft_s": "time to first token"}[metric])
+        ax.set_xscale("log")
+        rates = sorted(d["rate"].dropna().unique())
+        ax.set_xticks(rates)
+        ax.set_xticklabels([f"{r:g}" for r in rates])
+        ax.minorticks_off()
+    axes[0][1].legend(fontsize=6)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+# -- claims -----------------------------------------------------------------------------------------------------
+VERDICT_COLORS = {"reproduced": "tab:green", "not reproduced": "tab:red", "not measurable here": "tab:gray"}
+
+
+# -- validation study -----------------------------------------------------------------------------------------------
+def validation_scatter(val: pd.DataFrame, gpu: str):
+    """Predicted vs measured speedup per batch-study cell; the diagonal is a perfect prediction."""
+    title = f"predicted vs measured speedup ({gpu})"
+    val = val.dropna(subset=["predicted"])
+    if val.empty:
+        return placeholder(title, "no cell could be predicted (missing acceptance traces?)")
+    fig, ax = plt.subplots(figsize=(4.8, 4.4))
+    sns.scatterplot(data=val, x="measured", y="predicted", hue="batch", style="proposer", palette="viridis",
+                    s=60, ax=ax)
+    lo = min(val["measured"].min(), val["predicted"].min()) * 0.9
+    hi = max(val["measured"].max(), val["predicted"].max()) * 1.1
+    ax.plot([lo, hi], [lo, hi], ls="--", c="grey", lw=1)
+    ax.axhline(1, c="k", lw=0.5)
+    ax.axvline(1, c="k", lw=0.5)
+    ax.set(xlabel="measured speedup", ylabel="predicted speedup",
+           title=f"{title}\nMAPE {val['abs_pct_err'].mean():.1f}%")
+    fig.tight_layout()
+    return fig
+
+
+def validation_policy(pol: pd.DataFrame, gpu: str):
+    """Speedup of SD off / fixed k / adaptive k per batch size: predicted (bars) and measured (points)."""
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.6))
+    order = sorted(pol["batch"].unique())
+    sns.barplot(data=pol, x="batch", y="predicted", hue="policy", order=order, ax=ax, alpha=0.6)
+    meas = pol.dropna(subset=["measured"])
+    if not meas.empty:
+        sns.stripplot(data=meas, x="batch", y="measured", hue="policy", order=order, dodge=True, marker="D",
+                      color="k", size=6, ax=ax, legend=False)
+    ax.axhline(1, c="k", lw=0.8, ls="--")
+    ax.set(xlabel="batch size", ylabel="speedup over no SD",
+           title=f"policies ({gpu}): bars predicted, diamonds measured (where that k was measured)")
+    ax.legend(fontsize=7, title=None)
+    fig.tight_layout()
+    return fig
+
+
+def claims_verdicts(df: pd.DataFrame, gpu: str):
+    """One line per claim: the verdict (colour) and the measured number with its 95% CI where numeric."""
+    fig, ax = plt.subplots(figsize=(WIDTH * 1.8, 0.4 * len(df) + 1.0))
+    y = np.arange(len(df))
+    for i, r in enumerate(df.itertuples()):
+        color = VERDICT_COLORS.get(r.verdict, "k")
+        ax.text(0.0, i, f"{r.claim}: {r.statement}", va="center", fontsize=7)
+        ax.text(0.62, i, r.verdict, va="center", fontsize=7, color=color, weight="bold")
+        text = r.measured_text if len(r.measured_text) < 70 else r.measured_text[:67] + "..."
+        ax.text(0.80, i, text, va="center", fontsize=6)
+    ax.set_ylim(len(df) - 0.5, -0.5)
+    ax.set_xlim(0, 1.45)
+    ax.set_yticks(y)
+    ax.set_yticklabels([])
+    ax.axis("off")
+    ax.set_title(f"claims of arXiv 2601.11580 checked on profile '{gpu}'")
+    fig.tight_layout()
+    return fig

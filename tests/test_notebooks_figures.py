@@ -1,0 +1,64 @@
+"""The study notebooks: conventions (thin views), and executing each one against the CI fixture writes every
+expected figure (png + pdf) and table. Outputs go to temporary roots via $SPECDEC_FIGURES / $SPECDEC_BUILD."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from specdec import figures, paths
+
+NOTEBOOKS = Path(paths.root()) / "notebooks"
+STUDIES = list(figures.OUTPUTS)
+CHECK = "# NBVAL_CHECK_OUTPUT"
+
+
+def _read(stem):
+    return nbformat.read(NOTEBOOKS / f"{stem}.ipynb", as_version=4)
+
+
+@pytest.mark.parametrize("stem", STUDIES)
+def test_notebook_conventions(stem):
+    nb = _read(stem)
+    nbformat.validate(nb)
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    first = code[0]
+    assert "parameters" in first.metadata.get("tags", [])
+    assert first.source.strip() == 'import os\ngpu = os.environ.get("SPECDEC_GPU", "cpu")'
+    assert any(c.cell_type == "markdown" for c in nb.cells), "a markdown cell explains the study"
+    assert any(c.source.startswith(CHECK) for c in code), "at least one checked headline cell"
+    for c in code:
+        tree = ast.parse(c.source)
+        defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))]
+        assert not defs, f"{stem}: helpers belong in lib/specdec, not in the notebook"
+        if c.source.startswith(CHECK):
+            assert c.outputs, f"{stem}: checked cells keep their fixture outputs"
+        else:
+            assert not c.outputs and c.execution_count is None, f"{stem}: outputs of unchecked cells are stripped"
+
+
+@pytest.mark.parametrize("stem", STUDIES)
+def test_notebook_writes_its_figures_and_tables(stem, tmp_path, monkeypatch):
+    papermill = pytest.importorskip("papermill")
+    figs, build = tmp_path / "figures", tmp_path / "build"
+    monkeypatch.setenv("SPECDEC_FIGURES", str(figs))
+    monkeypatch.setenv("SPECDEC_BUILD", str(build))
+    monkeypatch.setenv("SPECDEC_GPU", "fixture")
+    papermill.execute_notebook(str(NOTEBOOKS / f"{stem}.ipynb"), str(tmp_path / f"{stem}.out.ipynb"),
+                               parameters={"gpu": "fixture"}, kernel_name="python3", cwd=str(NOTEBOOKS),
+                               progress_bar=False)
+    want = figures.OUTPUTS[stem]
+    for name in want["figures"]:
+        for ext in ("png", "pdf"):
+            f = figs / "fixture" / f"{name}.{ext}"
+            assert f.is_file() and f.stat().st_size > 1000, f"missing figure {f}"
+    for name in want["tables"]:
+        assert (build / "fixture" / f"{name}.csv").is_file(), f"missing table {name}.csv"
+    for name in want["files"]:
+        assert (build / "fixture" / name).is_file(), f"missing {name}"
+    made = {p.stem for p in (figs / "fixture").glob("*.png")}
+    assert made == set(want["figures"]), "figures.OUTPUTS lists exactly what the notebook writes"
+    assert all(n.startswith(stem) for n in made), "figure names start with the study stem"
