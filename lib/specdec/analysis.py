@@ -428,6 +428,17 @@ ACC_GROUP = ["profile", "engine", "pair", "proposer", "temperature", "k", "batch
              "prompt_set"]
 
 
+def _counters_and_entries(gpu: str, study: str, synthetic, with_counters: bool = True):
+    """(vLLM acceptance.json counters, per-sequence step entries or None): either may be missing, not both."""
+    eng = _engine_counters(gpu, study) if with_counters else pd.DataFrame()
+    try:
+        return eng, _entries(gpu, study, synthetic)
+    except SpecdecError:
+        if eng.empty:
+            raise
+        return eng, None
+
+
 def position_acceptance(gpu: str, study: str = "acceptance", synthetic: bool | None = False) -> pd.DataFrame:
     """P(accept position i | position i reached) per proposer, temperature, k, batch and prompt set.
 
@@ -436,13 +447,7 @@ def position_acceptance(gpu: str, study: str = "acceptance", synthetic: bool | N
     over requests). Real acceptance only by default (synthetic=True: the i.i.d. alpha cells).
     Runs without step traces (vLLM) contribute rows from their acceptance.json counters: prompt_set "all",
     reached at i = accepted at i-1 (drafts at i = 1, assuming every draft proposes k tokens), no CI."""
-    eng = _engine_counters(gpu, study) if synthetic is not True else pd.DataFrame()
-    try:
-        e = _entries(gpu, study, synthetic)
-    except SpecdecError:
-        if eng.empty:
-            raise
-        e = None
+    eng, e = _counters_and_entries(gpu, study, synthetic, with_counters=synthetic is not True)
     rows = []
     for _, r in eng.iterrows():
         reached = [r["drafts"]] + r["per_pos"][:-1]
@@ -538,13 +543,7 @@ def iid_prediction(gpu: str, study: str = "acceptance") -> pd.DataFrame:
     fewer than k); error = measured / predicted - 1 (relative), abs_error = measured - predicted (tokens);
     CIs are 95% bootstraps over requests. `synthetic` marks the controlled i.i.d. cells (a sanity check).
     Runs without step traces (vLLM) use their acceptance.json counters (prompt_set "all", no CI)."""
-    eng = _engine_counters(gpu, study)
-    try:
-        e = _entries(gpu, study, None)
-    except SpecdecError:
-        if eng.empty:
-            raise
-        e = None
+    eng, e = _counters_and_entries(gpu, study, None)
     rows = []
     for _, r in eng.iterrows():
         reached = [r["drafts"]] + r["per_pos"][:-1]
@@ -855,3 +854,60 @@ def fmt_ci(est: float, lo: float, hi: float, digits: int = 2, unit: str = "") ->
     if lo is None or hi is None or np.isnan(lo) or np.isnan(hi):
         return f"{s} (CI n/a)"
     return f"{s} (95% CI {lo:.{digits}f}-{hi:.{digits}f})"
+
+
+# -- bench study: is our engine a fair baseline? -------------------------------------------------------------
+BENCH_GOALS = {0: 0.98, "sd": 1.0}  # HF time / our time: >= 0.98 without SD, >= 1.0 vs HF assisted generation
+
+
+def bench(gpu: str) -> pd.DataFrame:
+    """Ours vs transformers per bench cell (batch, k): hf_over_ours = HF seconds / our seconds for the same
+    prompts (> 1: ours is faster; dimensionless) with a 95% bootstrap CI over (repeat, batch) pairs, the goal,
+    whether the point estimate meets it, and the share of sequences whose greedy outputs agree."""
+    df = load("bench", gpu, "bench")
+    rows = []
+    for (bs, k), g in df.groupby(["batch", "k"]):
+        wide = g.pivot_table(index=["repeat", "batch_idx"], columns="impl", values="seconds")
+        est, reps = _ratio(wide["hf"].values, wide["ours"].values, gpu, "bench", bs, k)
+        lo, hi = ci(reps)
+        goal = BENCH_GOALS[0] if k == 0 else BENCH_GOALS["sd"]
+        rows.append({"batch": int(bs), "k": int(k), "compared_with": "HF generate" if k == 0 else
+                     "HF assisted generation", "pairs": len(wide), "hf_over_ours": est, "ci_lo": lo, "ci_hi": hi,
+                     "goal": goal, "meets_goal": bool(est >= goal),
+                     "same_output": float(g["same_output"].mean()) if "same_output" in g else np.nan})
+    return pd.DataFrame(rows).sort_values(["k", "batch"], ignore_index=True)
+
+
+def profile_status() -> pd.DataFrame:
+    """Every hardware profile in configs/hardware with its spec-sheet numbers (peak_tflops in dense bf16
+    TFLOP/s, mem_bw_tbs in TB/s) and, per study, 'measured' (complete runs under data/raw) or 'ABSENT'."""
+    from . import hardware
+
+    studies = [s for s in ("batch", "acceptance", "hardware", "alternatives", "bench") if s in cfgmod.study_names()]
+    rows = []
+    for name in hardware.profile_names():
+        prof = hardware.load_profile(name)
+        row = {"profile": name, "kind": prof.get("kind"), "description": prof.get("description"),
+               "peak_tflops": prof.get("peak_tflops"), "mem_bw_tbs": prof.get("mem_bw_tbs")}
+        for study in studies:
+            row[study] = "measured" if rawdata.scan(name, study)[0] else "ABSENT"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+CONTENTION_RATIO = 0.8  # a batch is suspect when its cpu_util is below this share of its batch size's median
+
+
+def contention(gpu: str, study: str = "batch") -> pd.DataFrame:
+    """Per run: min and median cpu_util (process CPU seconds / wall seconds, ~torch threads when the machine is
+    quiet) over its timed batches, and `suspect` when some batch got less than CONTENTION_RATIO of the median
+    cpu_util of all batches of that batch size (another process competed for the CPU). Runs recorded before
+    cpu_util existed, and GPU runs, show NaN and are not flagged."""
+    b = load(study, gpu, "batches")
+    if "cpu_util" not in b:
+        b["cpu_util"] = np.nan
+    med = b.groupby("batch")["cpu_util"].transform("median")
+    b["low"] = b["cpu_util"] < CONTENTION_RATIO * med
+    out = b.groupby(["run_id", "batch", "k", "proposer"], as_index=False).agg(
+        cpu_util_min=("cpu_util", "min"), cpu_util_median=("cpu_util", "median"), suspect=("low", "any"))
+    return out.sort_values(["batch", "k", "proposer"], ignore_index=True)

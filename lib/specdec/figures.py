@@ -36,11 +36,13 @@ OUTPUTS = {
                    "tables": ["acceptance-positions", "acceptance-requests", "acceptance-summary", "acceptance-iid",
                               "acceptance-breakeven"], "files": []},
     "hardware": {"figures": ["hardware-forward", "hardware-overhead", "hardware-profiles"],
-                 "tables": ["hardware-forward", "hardware-overhead", "hardware-profiles"], "files": []},
+                 "tables": ["hardware-forward", "hardware-overhead", "hardware-profiles", "hardware-profile-status"],
+                 "files": []},
     "alternatives": {"figures": ["alternatives-compare", "alternatives-latency"],
                      "tables": ["alternatives-compare", "alternatives-latency", "alternatives-serving"], "files": []},
     "validation": {"figures": ["validation-predicted-vs-measured", "validation-policy"],
                    "tables": ["validation-predicted-vs-measured", "validation-policy"], "files": []},
+    "bench": {"figures": ["bench-vs-hf"], "tables": ["bench-vs-hf"], "files": []},
     "claims": {"figures": ["claims-verdicts"], "tables": ["claims"], "files": ["claims.md"]},
 }
 
@@ -363,6 +365,21 @@ def alternatives_latency(lat: pd.DataFrame, gpu: str, note: str = ""):
 
 # -- claims -----------------------------------------------------------------------------------------------------
 VERDICT_COLORS = {"reproduced": "tab:green", "not reproduced": "tab:red", "not measurable here": "tab:gray"}
+
+
+# -- bench study --------------------------------------------------------------------------------------------------
+def bench_vs_hf(bn: pd.DataFrame, gpu: str):
+    """HF time / our time per cell with 95% CI; dashed lines are the goals (0.98 plain, 1.0 vs assisted)."""
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.4))
+    labels = [f"bs{r.batch} k{r.k}" for r in bn.itertuples()]
+    ax.bar(labels, bn["hf_over_ours"], yerr=_err(bn, "hf_over_ours"), capsize=3,
+           color=["tab:blue" if k == 0 else "tab:orange" for k in bn["k"]])
+    for goal in sorted(set(bn["goal"])):
+        ax.axhline(goal, ls="--", c="grey", lw=1)
+    ax.set(ylabel="HF seconds / our seconds", title=f"our engine vs transformers ({gpu}); blue: generate, "
+           "orange: assisted generation")
+    fig.tight_layout()
+    return fig
 
 
 # -- validation study -----------------------------------------------------------------------------------------------
