@@ -279,9 +279,9 @@ PLIST = [{"prompt_set": "tiny", "prompt_idx": i, "ids": list(range(5 + i))} for 
 def test_run_static_rows_and_acceptance(cfg):
     llm = FakeLLM(speculative_config={"method": "ngram"})
     cfg["prompts"]["min_requests"] = 5
-    cfg["timing"].update(repeats=2, warmup_tokens=4)
+    cfg["timing"].update(repeats=2, warmup_steps=4)
     reqs, batches, acc = vr.run_static(llm, FakeParams, cfg, cell(batch=2), PLIST)
-    assert llm.calls[0] == (2, 4)  # warm-up: one batch, warmup_tokens
+    assert llm.calls[0] == (2, 4)  # warm-up: one batch, warmup_steps tokens
     assert llm.calls[1:] == [(2, 64), (2, 64), (1, 64)] * 2
     assert len(reqs) == 10 and len(batches) == 6
     assert [r["prompt_idx"] for r in reqs[:5]] == [0, 1, 2, 0, 1]

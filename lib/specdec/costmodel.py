@@ -83,15 +83,20 @@ def pair_sizes(pair: str) -> tuple[ModelSize, ModelSize]:
 
 @dataclass(frozen=True)
 class LinearCost:
-    """Fitted forward time t = a + b*tokens + c*kv_tokens: a [s], b [s/token], c [s/KV token]."""
+    """Fitted forward time t = a + b*tokens + c*kv_tokens + d*[tokens > 1]: a [s], b [s/token],
+    c [s/KV token], d [s] a step penalty for any forward of more than one token. On CPUs torch runs a
+    one-token forward as matrix-vector products and anything larger as GEMM, which here costs ~2x at
+    2 tokens (measured: data/raw/cpu/hardware); on GPUs the fit finds d ~ 0."""
 
     a: float
     b: float
     c: float
+    d: float = 0.0
 
     def seconds(self, batch, query, context):
         """Seconds for one forward: `batch` sequences, `query` new tokens each, `context` KV tokens each."""
-        return self.a + self.b * batch * query + self.c * batch * context
+        tokens = batch * query
+        return self.a + self.b * tokens + self.c * batch * context + self.d * (np.asarray(tokens) > 1)
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,8 @@ class Fit:
 
 
 def _design(points: pd.DataFrame) -> np.ndarray:
-    return np.column_stack([np.ones(len(points)), points["tokens"], points["kv_tokens"]]).astype(float)
+    return np.column_stack([np.ones(len(points)), points["tokens"], points["kv_tokens"],
+                            points["tokens"] > 1]).astype(float)
 
 
 def _nnls_relative(X: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -139,7 +145,7 @@ def _nnls_relative(X: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def fit_linear(forwards: pd.DataFrame) -> Fit:
-    """Fit t = a + b*tokens + c*batch*context (a, b, c >= 0) to forwards rows of ONE model.
+    """Fit t = a + b*tokens + c*batch*context + d*[tokens > 1] (all >= 0) to forwards rows of ONE model.
 
     Needs columns batch, query, context, seconds (tokens = batch*query); repeats are reduced to medians."""
     if forwards.empty:

@@ -101,34 +101,49 @@ def scan(profile: str | None = None, study: str | None = None) -> tuple[list[Pat
 _HASHES: dict = {}
 
 
-def _current(meta: dict, study: str) -> bool:
-    """Was this run measured under the study config as it is now (for its profile)?"""
+def _current_hash(study: str, profile: str | None) -> str | None:
+    """config_sha256 of the study config as it is now for `profile` (None if it cannot be loaded)."""
     from . import config
 
-    key = (study, meta.get("profile"))
+    key = (study, profile)
     if key not in _HASHES:
         try:
-            _HASHES[key] = config.config_hash(config.load_study(study, meta.get("profile")))
+            _HASHES[key] = config.config_hash(config.load_study(study, profile))
         except SpecdecError:
             _HASHES[key] = None
-    return _HASHES[key] is None or meta.get("config_sha256") == _HASHES[key]
+    return _HASHES[key]
+
+
+def _keep_current(metas: list[dict], study: str, warn) -> list[bool]:
+    """Per profile: when some runs match the current config hash, keep only those (older-config runs are
+    reported and ignored); when none match (e.g. hand-made or imported runs), keep them all."""
+    keep = [True] * len(metas)
+    for prof in {m.get("profile") for m in metas}:
+        idx = [i for i, m in enumerate(metas) if m.get("profile") == prof]
+        now = _current_hash(study, prof)
+        match = [i for i in idx if metas[i].get("config_sha256") == now]
+        if match and len(match) < len(idx):
+            for i in set(idx) - set(match):
+                keep[i] = False
+            warn(f"ignored {len(idx) - len(match)} run(s) of {study}/{prof} measured under an older config")
+    return keep
 
 
 def load(study: str, profile: str | None = None, table: str = "requests", warn=print) -> pd.DataFrame:
     """One table of every complete run of a study, with the run's cell and profile as columns.
 
     Partial runs are reported through `warn` and skipped, and so are runs measured under an older version
-    of the study config (config_sha256 differs); no complete run is a one-line error."""
+    of the study config when runs under the current one exist (see _keep_current); no complete run is a
+    one-line error."""
     if table not in TABLES:
         raise SpecdecError(f"unknown raw table '{table}'; known: {', '.join(TABLES)}")
     complete, partial = scan(profile, study)
     for folder in partial:
         warn(f"skipping partial or corrupt run {folder} (no complete meta.json)")
-    frames, stale = [], 0
-    for folder in complete:
-        meta = read_meta(folder)
-        if not _current(meta, study):
-            stale += 1
+    frames = []
+    metas = [read_meta(folder) for folder in complete]
+    for folder, meta, keep in zip(complete, metas, _keep_current(metas, study, warn)):
+        if not keep:
             continue
         path = folder / f"{table}.parquet"
         if not path.exists():
@@ -143,8 +158,6 @@ def load(study: str, profile: str | None = None, table: str = "requests", warn=p
         df["profile"], df["run_id"], df["engine"] = meta["profile"], meta["run_id"], meta.get("engine", "torch")
         df["pair"] = meta["config"].get("pair")
         frames.append(df)
-    if stale:
-        warn(f"ignored {stale} run(s) of {study} measured under an older config (different config_sha256)")
     if not frames:
         where = f"data/raw/{profile or '*'}/{study}"
         raise SpecdecError(f"no complete raw runs in {where} (run `make measure GPU=...` or use the fixture)")
