@@ -164,16 +164,24 @@ def _c3(d: _Data):
                 analysis.fmt_ci(s, best["ci_lo"], best["ci_hi"], unit="x") + f" [{_desc(best)}]")
 
 
-def _c4(d: _Data):
-    thr, above = 1.1, 8
-    rule = f"every SD cell with batch > {above} has speedup < {thr}; number: the largest"
+def _sd_above(d: _Data, cid: str, rule: str, above: int):
+    """(SD cells with batch > above, None) or (None, the 'not measurable here' row saying why)."""
     sp, why = d.speedup()
     if sp is None:
-        return _row("C4", rule, NOT_MEASURABLE, why)
+        return None, _row(cid, rule, NOT_MEASURABLE, why)
     sd = _sd_cells(sp)
     sel = sd[sd["batch"] > above]
     if sel.empty:
-        return _row("C4", rule, NOT_MEASURABLE, f"no batch size > {above} measured (max {sd['batch'].max()})")
+        return None, _row(cid, rule, NOT_MEASURABLE, f"no batch size > {above} measured (max {sd['batch'].max()})")
+    return sel, None
+
+
+def _c4(d: _Data):
+    thr, above = 1.1, 8
+    rule = f"every SD cell with batch > {above} has speedup < {thr}; number: the largest"
+    sel, missing = _sd_above(d, "C4", rule, above)
+    if missing:
+        return missing
     worst = sel.loc[sel["speedup"].idxmax()]
     ok = worst["speedup"] < thr
     return _row("C4", rule, REPRODUCED if ok else NOT_REPRODUCED,
@@ -186,13 +194,9 @@ def _c4(d: _Data):
 def _c5(d: _Data):
     lo_t, hi_t, above = 0.8, 1.0, 32
     rule = f"every SD cell with batch > {above} has {lo_t} <= speedup < {hi_t}; number: the one farthest outside"
-    sp, why = d.speedup()
-    if sp is None:
-        return _row("C5", rule, NOT_MEASURABLE, why)
-    sd = _sd_cells(sp)
-    sel = sd[sd["batch"] > above]
-    if sel.empty:
-        return _row("C5", rule, NOT_MEASURABLE, f"no batch size > {above} measured (max {sd['batch'].max()})")
+    sel, missing = _sd_above(d, "C5", rule, above)
+    if missing:
+        return missing
     dist = np.maximum(lo_t - sel["speedup"], sel["speedup"] - hi_t)  # > 0 outside, <= 0 inside
     worst = sel.loc[dist.idxmax()]
     ok = ((sel["speedup"] >= lo_t) & (sel["speedup"] < hi_t)).all()

@@ -117,6 +117,14 @@ def _log2_batch(ax, batches) -> None:
 
 
 # -- batch study ------------------------------------------------------------------------------------------------
+def _lines_vs_batch(ax, df: pd.DataFrame, y: str, lo: str = "ci_lo", hi: str = "ci_hi", dashed_baseline=False):
+    """One errorbar line per proposer x k of `y` against batch size (log2 axis)."""
+    for (_, k), g in df.sort_values("batch").groupby(["proposer", "k"]):
+        ax.errorbar(g["batch"], g[y], yerr=_err(g, y, lo, hi), marker="o", capsize=3,
+                    label=_series_label(g.iloc[0]), ls="--" if dashed_baseline and k == 0 else "-")
+    _log2_batch(ax, df["batch"])
+
+
 def batch_speedup(sp: pd.DataFrame, gpu: str, note: str = ""):
     """Speedup vs batch size, one line per proposer x k, 95% CI bars, the no-SD level at 1."""
     title = f"SD speedup vs batch size ({gpu})"
@@ -124,11 +132,8 @@ def batch_speedup(sp: pd.DataFrame, gpu: str, note: str = ""):
     if sd.empty:
         return placeholder(title, note or "no speculative cells")
     fig, ax = plt.subplots(figsize=(WIDTH, 4))
-    for (prop, k), g in sd.sort_values("batch").groupby(["proposer", "k"]):
-        ax.errorbar(g["batch"], g["speedup"], yerr=_err(g, "speedup"), marker="o", capsize=3,
-                    label=f"{prop} k={k}")
+    _lines_vs_batch(ax, sd, "speedup")
     ax.axhline(1.0, color="k", lw=1, ls="--", label="no SD")
-    _log2_batch(ax, sp["batch"])
     ax.set(xlabel="batch size (sequences)", ylabel="speedup over no-SD decode throughput", title=title)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -141,10 +146,7 @@ def batch_throughput(sp: pd.DataFrame, gpu: str, note: str = ""):
     if sp.empty:
         return placeholder(title, note)
     fig, ax = plt.subplots(figsize=(WIDTH, 4))
-    for (prop, k), g in sp.sort_values("batch").groupby(["proposer", "k"]):
-        ax.errorbar(g["batch"], g["throughput_tok_s"], yerr=_err(g, "throughput_tok_s", "tp_ci_lo", "tp_ci_hi"),
-                    marker="o", capsize=3, label=_series_label(g.iloc[0]), ls="--" if k == 0 else "-")
-    _log2_batch(ax, sp["batch"])
+    _lines_vs_batch(ax, sp, "throughput_tok_s", "tp_ci_lo", "tp_ci_hi", dashed_baseline=True)
     ax.set_yscale("log")
     ax.set(xlabel="batch size (sequences)", ylabel="decode throughput (tokens/s)", title=title)
     ax.legend(fontsize=7)
@@ -158,10 +160,7 @@ def batch_overhead(ov: pd.DataFrame, gpu: str, note: str = ""):
     if ov.empty:
         return placeholder(title, note)
     fig, ax = plt.subplots(figsize=(WIDTH, 3.6))
-    for (prop, k), g in ov.sort_values("batch").groupby(["proposer", "k"]):
-        ax.errorbar(g["batch"], g["draft_frac"], yerr=_err(g, "draft_frac"), marker="o", capsize=3,
-                    label=f"{prop} k={k}")
-    _log2_batch(ax, ov["batch"])
+    _lines_vs_batch(ax, ov, "draft_frac")
     ax.set_ylim(0, 1)
     ax.set(xlabel="batch size (sequences)", ylabel="draft_s / (draft + verify + other)", title=title)
     ax.legend(fontsize=7)
