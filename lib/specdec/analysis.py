@@ -70,13 +70,6 @@ def _where(gpu: str, study: str) -> str:
         return str(folder)
 
 
-def _current_hash(study: str, gpu: str) -> str | None:
-    try:
-        return cfgmod.config_hash(cfgmod.load_study(study, gpu))[:8]
-    except Exception:
-        return None
-
-
 @lru_cache(maxsize=64)
 def _load_cached(study: str, gpu: str, table: str, sig: tuple) -> pd.DataFrame:
     if not sig:
@@ -84,19 +77,13 @@ def _load_cached(study: str, gpu: str, table: str, sig: tuple) -> pd.DataFrame:
                            f"{_where(gpu, study)} (measure first: python -m specdec measure --study {study} "
                            f"--gpu {gpu})")
     try:
-        df = rawdata.load(study, gpu, table, warn=lambda m: None)
+        df = rawdata.load(study, gpu, table, warn=lambda m: _warn(m) if "older config" in m else None)
     except SpecdecError:
         engines = sorted({(rawdata.read_meta(paths.raw_root() / gpu / study / name) or {}).get("engine", "torch")
                           for name, _ in sig})
         why = " (vLLM runs record no per-step traces)" if "vllm" in engines and table == "steps" else ""
         raise SpecdecError(f"the runs of study '{study}' on profile '{gpu}' have no '{table}' table"
                            f"{why}") from None
-    current = _current_hash(study, gpu)
-    hashes = df["run_id"].astype(str).str.rsplit("-", n=1).str[-1]
-    if current is not None and (hashes == current).any() and (hashes != current).any():
-        old = sorted(set(df.loc[hashes != current, "run_id"]))
-        _warn(f"{study}/{gpu}: ignoring {len(old)} run(s) of an older config (current hash {current})")
-        df = df[hashes == current]
     for key in ("alpha", "rate", "context", "requests"):
         df[key] = pd.to_numeric(df[key], errors="coerce").astype(float) if key in df else np.nan
     for key in ("mode", "proposer", "quant", "profile", "engine", "run_id", "pair"):
@@ -124,12 +111,7 @@ def runs(gpu: str, study: str) -> pd.DataFrame:
     if not _signature(study, gpu):
         load(study, gpu)  # raises the standard message
     rows = []
-    current = _current_hash(study, gpu)
-    complete, _ = rawdata.scan(gpu, study)
-    metas = [m for m in (rawdata.read_meta(f) for f in complete) if m]
-    if current and any(m["run_id"].endswith(current) for m in metas):
-        metas = [m for m in metas if m["run_id"].endswith(current)]
-    for meta in metas:
+    for _, meta in rawdata.current_runs(study, gpu, warn=lambda m: None):
         rows.append({"profile": meta["profile"], "engine": meta.get("engine", "torch"),
                      "pair": meta["config"].get("pair"), "run_id": meta["run_id"], **meta["cell"]})
     df = pd.DataFrame(rows)
@@ -396,12 +378,8 @@ def _per_request(e: pd.DataFrame, arr: np.ndarray) -> tuple[np.ndarray, np.ndarr
 def _engine_counters(gpu: str, study: str) -> pd.DataFrame:
     """Aggregate acceptance counters of runs without step traces (vLLM writes acceptance.json per run):
     one row per speculative run with drafts, draft_tokens, accepted and per_pos (accepted at position i)."""
-    complete, _ = rawdata.scan(gpu, study)
-    current = _current_hash(study, gpu)
-    metas = [(f, rawdata.read_meta(f)) for f in complete if (f / "acceptance.json").exists()]
-    metas = [(f, m) for f, m in metas if m]
-    if current and any(m["run_id"].endswith(current) for _, m in metas):
-        metas = [(f, m) for f, m in metas if m["run_id"].endswith(current)]
+    metas = [(f, m) for f, m in rawdata.current_runs(study, gpu, warn=lambda m: None)
+             if (f / "acceptance.json").exists()]
     rows = []
     for folder, meta in metas:
         try:

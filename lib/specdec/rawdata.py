@@ -129,6 +129,14 @@ def _keep_current(metas: list[dict], study: str, warn) -> list[bool]:
     return keep
 
 
+def current_runs(study: str, profile: str | None = None, warn=print, complete=None) -> list[tuple[Path, dict]]:
+    """(folder, meta) of the complete runs of a study, older-config runs dropped as in _keep_current."""
+    complete = scan(profile, study)[0] if complete is None else complete
+    pairs = [(folder, read_meta(folder)) for folder in complete]
+    keep = _keep_current([m for _, m in pairs], study, warn)
+    return [pair for pair, k in zip(pairs, keep) if k]
+
+
 def load(study: str, profile: str | None = None, table: str = "requests", warn=print) -> pd.DataFrame:
     """One table of every complete run of a study, with the run's cell and profile as columns.
 
@@ -141,10 +149,7 @@ def load(study: str, profile: str | None = None, table: str = "requests", warn=p
     for folder in partial:
         warn(f"skipping partial or corrupt run {folder} (no complete meta.json)")
     frames = []
-    metas = [read_meta(folder) for folder in complete]
-    for folder, meta, keep in zip(complete, metas, _keep_current(metas, study, warn)):
-        if not keep:
-            continue
+    for folder, meta in current_runs(study, profile, warn, complete):
         path = folder / f"{table}.parquet"
         if not path.exists():
             continue
