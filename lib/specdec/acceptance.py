@@ -229,3 +229,79 @@ def iid_expected_tokens(alpha: float, k: int) -> float:
     if alpha >= 1:
         return float(k + 1)
     return float((1 - alpha ** (k + 1)) / (1 - alpha))
+
+
+class ReplayAcceptance:
+    """Acceptance conditioned on k, from per-position traces (traces.TraceSet): for each k the traces are
+    replayed at that k (a step starting at position i emits min(acc_len[i], k+1)) and the resulting step
+    records form one AcceptanceModel per k. Tokens per step at k are then the replayed mean, with no
+    assumption that positions are independent. Bootstrap replicates resample requests jointly over k."""
+
+    def __init__(self, per_k: dict, propose: dict, source: str = "", n_requests: int = 0):
+        self.per_k = per_k  # k -> AcceptanceModel of the replayed steps at k
+        self.propose = propose  # k -> per-request (steps, expected steps with a proposal) counts (n_req, 2)
+        self.source = source
+        self.n_requests = n_requests
+        self.traces = []
+
+    @classmethod
+    def from_trace_set(cls, ts, k_max: int = 8) -> "ReplayAcceptance":
+        from . import traces as tr
+
+        reqs = [r for r in ts.requests if r.generated_len > 1]
+        per_k, propose = {}, {}
+        for k in range(1, min(k_max, ts.max_k) + 1):
+            steps = []
+            counts = np.zeros((len(reqs), 2))
+            for i, r in enumerate(reqs):
+                starts, emitted = tr.steps(r.acc_len, k)
+                steps.append(Trace(k, tuple(int(e) - 1 for e in emitted)))
+                acc = np.asarray(r.acc_len)[starts - 1]
+                m = ts.match_prob if ts.match_prob is not None else 1.0
+                counts[i] = (len(starts), float(np.sum(np.where(acc > 1, 1.0, m))))
+            per_k[k] = AcceptanceModel.from_traces(steps)
+            propose[k] = counts
+        src = f"{ts.name}/{ts.dataset} ({ts.proposer}, replayed per k)"
+        return cls(per_k, propose, src, len(reqs))
+
+    @property
+    def max_k(self) -> int:
+        return max(self.per_k)
+
+    def _model(self, k: int) -> AcceptanceModel:
+        if k not in self.per_k:
+            raise SpecdecError(f"acceptance traces only cover k <= {self.max_k}, asked for k = {k}")
+        return self.per_k[k]
+
+    def expected_tokens(self, k: int, extrapolate: bool = False) -> float:
+        return self._model(k).expected_tokens(k)
+
+    def propose_fraction(self, k: int) -> float:
+        """Share of steps at k in which the proposer proposed anything (n-gram lookups can find nothing)."""
+        c = self.propose[k]
+        return float(c[:, 1].sum() / c[:, 0].sum())
+
+    def conditionals(self, k: int | None = None, extrapolate: bool = False) -> np.ndarray:
+        k = self.max_k if k is None else k
+        return self._model(k).conditionals(k)
+
+    def length_dist(self, k: int, extrapolate: bool = False) -> np.ndarray:
+        return self._model(k).length_dist(k)
+
+    @property
+    def iid_alpha(self) -> float:
+        return self._model(self.max_k).iid_alpha
+
+    def iid_expected_tokens(self, k: int) -> float:
+        return iid_expected_tokens(self._model(k).iid_alpha, k)
+
+    def resample(self, rng: np.random.Generator) -> "ReplayAcceptance":
+        idx = rng.integers(0, self.n_requests, size=self.n_requests)
+        per_k = {k: AcceptanceModel(m.tried[idx], m.acc[idx], None, m.source) for k, m in self.per_k.items()}
+        return ReplayAcceptance(per_k, {k: c[idx] for k, c in self.propose.items()}, self.source, self.n_requests)
+
+    def describe(self) -> str:
+        m = self._model(min(3, self.max_k))
+        return (f"{self.n_requests} requests replayed at k = 1..{self.max_k} "
+                f"(k={min(3, self.max_k)}: {m.n_steps} steps, {m.expected_tokens(min(3, self.max_k)):.2f} tokens/step) "
+                f"from {self.source}")

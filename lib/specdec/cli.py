@@ -42,16 +42,38 @@ def status(gpu: str = typer.Option(None, help="profile to list (default: all)"))
 
 
 @app.command()
-def advise(pair: str = typer.Option(..., help="model pair, e.g. qwen2.5-coder-1.5b/0.5b or tiny"),
+def advise(pair: str = typer.Option(..., help="model pair, e.g. qwen2.5-coder-1.5b/0.5b, llama3.1-8b/eagle or tiny"),
            gpu: str = typer.Option(..., help="hardware profile (configs/hardware/<gpu>.yaml)"),
            batch: int = typer.Option(..., help="concurrent sequences (>= 1)"),
            k: int = typer.Option(None, help="speculated tokens to evaluate (default: the best k)"),
-           traces: str = typer.Option(None, help="acceptance traces, JSONL {\"k\": int, \"accepted\": [...]} per line"),
-           context: int = typer.Option(512, help="KV tokens per sequence")):
-    """Recommend SD or not: best k, predicted speedup with 90% interval, break-even acceptance."""
+           proposer: str = typer.Option("draft", metavar="[draft|eagle|ngram]",
+                                        help="what proposes: a draft model, an EAGLE head, or an n-gram lookup"),
+           traces: str = typer.Option(None, help="acceptance: JSONL of engine steps ({\"k\", \"accepted\"}), a "
+                                                 "per-position trace file, or COLLECTION/DATASET under data/traces"),
+           context: float = typer.Option(None, help="KV tokens per sequence (default: from the traces, else 512)"),
+           prefill: bool = typer.Option(False, help="count each request's prefill in the speedup"),
+           prompt_tokens: float = typer.Option(None, help="with --prefill: prompt tokens per request"),
+           output_tokens: float = typer.Option(None, help="with --prefill: output tokens per request")):
+    """Recommend SD or not: best k, predicted speedup with 90% interval, break-even acceptance, vLLM config."""
     from . import predict
-    for line in predict.advise(pair, gpu, batch, k=k, traces=traces, context=context).lines():
+    adv = predict.advise(pair, gpu, batch, k=k, traces=traces, context=context, proposer=proposer,
+                         prefill=prefill, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+    for line in adv.lines():
         typer.echo(line)
+
+
+@app.command("import-traces")
+def import_traces(source: str = typer.Option(..., help="folder with combined_<dataset>.jsonl (the paper's "
+                                                       "simulator data/<model>/), or one such file"),
+                  name: str = typer.Option(None, help="collection name under data/traces (default: the paper's)"),
+                  held_out: str = typer.Option(None, help="comma-separated held-out datasets (default: the paper's)")):
+    """Convert per-position acceptance traces (the paper's simulator format, read as-is) into data/traces/NAME."""
+    from . import traces as tr
+    p = tr.PAPER
+    out = tr.import_paper(source, name or p["name"], (held_out.split(",") if held_out else p["held_out"]),
+                          p["pair"], p["profile"], p["match_prob"], p["source"], p["licence"], echo=typer.echo,
+                          commit=None if name else p["commit"])
+    typer.echo(f"wrote {out}")
 
 
 @app.command("refresh-notebooks")

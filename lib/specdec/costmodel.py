@@ -1,7 +1,7 @@
 """Forward-pass cost model per hardware profile: seconds for one forward of the target or the draft.
 
 A forward appends `query` tokens to each of `batch` sequences that already hold `context` KV tokens; the
-cost depends on batched tokens (batch*query) and KV tokens (batch*context). Two sources, always labelled:
+cost depends on batched tokens (batch*query) and KV tokens (batch*context). Three sources, always labelled:
 
   * "fitted": least squares on our own measurements (study "hardware", table "forwards"):
         t = a + b * (batch*query) + c * (batch*context)        [s, s/token, s/KV token], a, b, c >= 0,
@@ -10,6 +10,12 @@ cost depends on batched tokens (batch*query) and KV tokens (batch*context). Two 
   * "prior": a roofline from the profile's spec sheet (configs/hardware/<name>.yaml: peak_tflops,
     mem_bw_tbs) and the pair's sizes (PAIR_SIZES below), for profiles without measurements:
         t = overhead + max((weight_bytes + kv_bytes) / (eff_mem * bw), flops / (eff_flops * peak)).
+
+  * "published": coefficients given in the profile yaml (configs/hardware/<name>.yaml, key `costs`, one
+    entry per pair) with their provenance, e.g. the paper's fitted H100 model for Llama-3.1-8B + EAGLE:
+        target forward  t = fixed_s + per_token_s * (batch*query) + per_kv_token_s * (batch*context)
+        EAGLE draft step t = fixed_s + per_spec_token_s * (k+1) + per_kv_token_s * (batch*context)
+        n-gram draft step t = ngram_draft_fraction * (target verify time); step_overhead_s per step.
 
 `CostModel.resample` draws one bootstrap replicate (residual bootstrap of a fit, or random efficiencies
 for the prior) for prediction intervals (see predict.py).
@@ -120,6 +126,19 @@ class RooflineCost:
         return self.overhead_s + np.maximum(mem, flops / (self.eff_flops * self.peak_flops_s))
 
 
+@dataclass(frozen=True)
+class DraftStepCost:
+    """A whole draft step (all k proposals) as one fitted cost, as in the paper's simulator:
+    t = fixed_s + per_spec_token_s * (k+1) + per_kv_token_s * batch*context  [s]."""
+
+    fixed_s: float
+    per_spec_token_s: float
+    per_kv_token_s: float
+
+    def step_seconds(self, batch, k: int, context):
+        return self.fixed_s + self.per_spec_token_s * (k + 1) + self.per_kv_token_s * np.asarray(batch) * context
+
+
 @dataclass
 class Fit:
     """One model's least-squares fit: the points (medians), fitted seconds and relative residuals."""
@@ -176,39 +195,61 @@ class CostModel:
     draft: object
     fits: dict = field(default_factory=dict)  # "target"/"draft" -> Fit (fitted only)
     overhead_s: float = 0.0  # extra seconds per decoding step, with or without SD (sampling, bookkeeping)
+    ngram_fraction: float = 0.0  # n-gram proposal time as a fraction of the verify forward
+    provenance: str = ""  # where published coefficients come from
 
     def forward_s(self, model: str, batch, query, context):
         """Seconds for one forward of "target" or "draft"."""
         return getattr(self, model).seconds(batch, query, context)
 
+    def draft_s(self, batch, k: int, context, proposer: str = "draft", verify=None):
+        """Seconds to propose k tokens per sequence. A draft model or EAGLE head: its step cost if published
+        as one (DraftStepCost), else k forwards (the first of 2 tokens per sequence, then k-1 of 1). An n-gram
+        lookup: ngram_fraction of the verify forward (0 unless published)."""
+        if k <= 0:
+            return 0.0
+        if proposer == "ngram":
+            if verify is None:
+                verify = self.forward_s("target", batch, k + 1, context)
+            return self.ngram_fraction * verify
+        if proposer not in ("draft", "eagle", "eagle3"):
+            raise SpecdecError(f"unknown proposer '{proposer}'; known: draft, eagle, ngram")
+        if isinstance(self.draft, DraftStepCost):
+            return self.draft.step_seconds(batch, k, context)
+        if self.draft is None:
+            raise SpecdecError(f"costs for {self.pair} on {self.profile} have no draft model")
+        return self.forward_s("draft", batch, 2, context) + (k - 1) * self.forward_s("draft", batch, 1, context)
+
     def step_s(self, batch, k: int, context, proposer: str = "draft"):
         """Seconds for one decoding step of `batch` sequences with `context` KV tokens each.
 
-        k = 0: one target forward of 1 token per sequence (no SD). k >= 1: the draft proposes k tokens
-        (first forward 2 tokens per sequence, then k-1 forwards of 1; an n-gram proposer costs nothing here)
-        and the target verifies k+1 tokens per sequence."""
+        k = 0: one target forward of 1 token per sequence (no SD). k >= 1: the proposer's time (draft_s) plus
+        the target verifying k+1 tokens per sequence; plus overhead_s either way."""
         verify = self.forward_s("target", batch, k + 1, context)
-        draft = 0.0
-        if k > 0 and proposer == "draft":
-            draft = self.forward_s("draft", batch, 2, context) + (k - 1) * self.forward_s("draft", batch, 1, context)
-        return draft + verify + self.overhead_s
+        return self.draft_s(batch, k, context, proposer, verify) + verify + self.overhead_s
 
     def residuals(self) -> dict:
         """Per model: n points, rmse_s [s], rel_rmse and max_abs_rel (fractions); empty for the prior."""
         return {name: f.summary() for name, f in self.fits.items()}
 
     def describe(self) -> str:
+        if self.source == "published":
+            return f"PUBLISHED coefficients ({self.provenance or 'no provenance given'}), not fitted here"
         if self.source == "prior":
             t = self.target
             return (f"PRIOR (roofline from the {self.profile} spec sheet, eff_mem {t.eff_mem:g}, "
                     f"eff_flops {t.eff_flops:g}, {t.overhead_s * 1e6:g} us/forward), not measured")
         res = self.residuals()
+        if "target" not in res or "draft" not in res:
+            return f"FITTED coefficients for {self.pair} on {self.profile} (fit residuals not available)"
         return (f"FITTED on data/raw/{self.profile}/hardware (rel. rmse target {res['target']['rel_rmse']:.1%} "
                 f"over {res['target']['n']} points, draft {res['draft']['rel_rmse']:.1%})")
 
     def resample(self, rng: np.random.Generator) -> "CostModel":
         """One bootstrap replicate: refit on fitted values times resampled (1 + relative residuals), or
         for the prior, efficiencies and overhead drawn from their ranges (shared by target and draft)."""
+        if self.source == "published":
+            return self
         if self.source == "fitted":
             if not self.fits:  # coefficients given, not fitted here: nothing to resample
                 return self
@@ -271,14 +312,60 @@ def prior(profile: str, pair: str, bytes_per_param: float | None = None) -> Cost
     return CostModel(profile, pair_name(pair), "prior", roof(target), roof(draft))
 
 
+TARGET_KEYS = {"fixed_s", "per_token_s", "per_kv_token_s"}
+DRAFT_KEYS = {"fixed_s", "per_spec_token_s", "per_kv_token_s"}
+ENTRY_KEYS = {"source", "target", "draft", "ngram_draft_fraction", "step_overhead_s"}
+
+
+def _num(entry: dict, key: str, where: str) -> float:
+    v = entry.get(key)
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+        raise SpecdecError(f"{where}.{key} must be a number >= 0, got {v!r}")
+    return float(v)
+
+
+def published(profile: str, pair: str) -> CostModel:
+    """Costs given in configs/hardware/<profile>.yaml under `costs: {<pair>: {...}}` (no Python needed).
+
+    Keys: source (provenance text), target {fixed_s, per_token_s, per_kv_token_s}, draft {fixed_s,
+    per_spec_token_s, per_kv_token_s} (a whole draft step) or {fixed_s, per_token_s, per_kv_token_s} (one
+    draft forward), ngram_draft_fraction, step_overhead_s. Bad or missing entries are one-line errors."""
+    prof = hardware.load_profile(profile)
+    name = pair_name(pair)
+    entry = (prof.get("costs") or {}).get(name)
+    where = f"configs/hardware/{profile}.yaml costs.{name}"
+    if entry is None:
+        raise SpecdecError(f"profile '{profile}' publishes no costs for {name}")
+    if not isinstance(entry, dict) or set(entry) - ENTRY_KEYS or not isinstance(entry.get("target"), dict):
+        raise SpecdecError(f"{where} needs a mapping with 'target' (and optionally {', '.join(sorted(ENTRY_KEYS - {'target'}))})")
+    t = entry["target"]
+    if set(t) != TARGET_KEYS:
+        raise SpecdecError(f"{where}.target needs exactly {', '.join(sorted(TARGET_KEYS))}")
+    target = LinearCost(_num(t, "fixed_s", where + ".target"), _num(t, "per_token_s", where + ".target"),
+                        _num(t, "per_kv_token_s", where + ".target"))
+    d, draft = entry.get("draft"), None
+    if isinstance(d, dict) and set(d) == DRAFT_KEYS:
+        draft = DraftStepCost(*(_num(d, key, where + ".draft") for key in ("fixed_s", "per_spec_token_s", "per_kv_token_s")))
+    elif isinstance(d, dict) and set(d) == TARGET_KEYS:
+        draft = LinearCost(*(_num(d, key, where + ".draft") for key in ("fixed_s", "per_token_s", "per_kv_token_s")))
+    elif d is not None:
+        raise SpecdecError(f"{where}.draft needs {', '.join(sorted(DRAFT_KEYS))} (a draft step) or "
+                           f"{', '.join(sorted(TARGET_KEYS))} (one draft forward)")
+    return CostModel(profile, name, "published", target, draft,
+                     overhead_s=_num(entry, "step_overhead_s", where) if "step_overhead_s" in entry else 0.0,
+                     ngram_fraction=_num(entry, "ngram_draft_fraction", where) if "ngram_draft_fraction" in entry else 0.0,
+                     provenance=str(entry.get("source", "")))
+
+
 def load(profile: str, pair: str) -> CostModel:
-    """Fitted costs if data/raw/<profile>/hardware has this pair, else the roofline prior, else an error."""
+    """The best cost source for this pair on this profile: fitted on data/raw/<profile>/hardware, else
+    coefficients published in the profile yaml, else the roofline prior, else a one-line error."""
     hardware.load_profile(profile)
     name = pair_name(pair)
-    try:
-        return fit(profile, name)
-    except SpecdecError as fit_err:
+    errors = []
+    for source in (fit, published, prior):
         try:
-            return prior(profile, name)
-        except SpecdecError as prior_err:
-            raise SpecdecError(f"no costs for {name} on {profile}: {fit_err}; {prior_err}") from None
+            return source(profile, name)
+        except SpecdecError as e:
+            errors.append(str(e))
+    raise SpecdecError(f"no costs for {name} on {profile}: {'; '.join(errors)}")

@@ -38,7 +38,17 @@ def speedup(costs: CostModel, acc: AcceptanceModel, batch, k: int, context=DEFAU
     if k == 0:
         return np.ones_like(np.asarray(batch, dtype=float)) if np.ndim(batch) else 1.0
     tokens = acc.expected_tokens(k, extrapolate)
-    return tokens * costs.step_s(batch, 0, context) / costs.step_s(batch, k, context, proposer)
+    return tokens * costs.step_s(batch, 0, context) / sd_step_s(costs, acc, batch, k, context, proposer)
+
+
+def sd_step_s(costs: CostModel, acc, batch, k: int, context, proposer: str = "draft"):
+    """Mean seconds of an SD step: where the acceptance model knows that some steps propose nothing (an
+    n-gram lookup without a match: ReplayAcceptance.propose_fraction), those steps cost a plain step."""
+    full = costs.step_s(batch, k, context, proposer)
+    if proposer != "ngram" or not hasattr(acc, "propose_fraction"):
+        return full
+    f = acc.propose_fraction(k)
+    return f * full + (1 - f) * costs.step_s(batch, 0, context)
 
 
 def break_even_tokens(costs: CostModel, batch, k: int, context=DEFAULT_CONTEXT, proposer: str = "draft"):
@@ -101,12 +111,6 @@ def policy(costs: CostModel, acc: AcceptanceModel, max_batch: int = MAX_BATCH, c
     return out
 
 
-def vllm_config(ranges: list[list[int]]) -> dict:
-    """The speculative-config keys for a policy: num_speculative_tokens (the max k) and the ranges."""
-    return {"num_speculative_tokens": max(k for _, _, k in ranges),
-            "num_speculative_tokens_per_batch_size": ranges}
-
-
 @dataclass
 class Prediction:
     """A speedup prediction (x, no-SD = 1) with its `level` bootstrap interval [lo, hi]; times in seconds."""
@@ -125,29 +129,64 @@ class Prediction:
     cost_source: str
 
 
-def predict(costs: CostModel, acc: AcceptanceModel, batch: int, k: int, context=DEFAULT_CONTEXT,
+def speedup_with_prefill(costs: CostModel, acc, batch, k: int, context, proposer: str, prompt_tokens: float,
+                         output_tokens: float, extrapolate: bool = False):
+    """Speedup of a whole request including its prefill (one target forward over batch*prompt_tokens):
+    (prefill + G * t_base) / (prefill + G / E[tokens/step] * t_sd), G = output_tokens - 1 decode tokens."""
+    if k == 0:
+        return 1.0
+    pre = costs.forward_s("target", batch, prompt_tokens, 0)
+    g = max(output_tokens - 1, 0)
+    base = pre + g * costs.step_s(batch, 0, context)
+    sd = pre + g / acc.expected_tokens(k, extrapolate) * sd_step_s(costs, acc, batch, k, context, proposer)
+    return base / sd
+
+
+def predict(costs: CostModel, acc, batch: int, k: int, context=DEFAULT_CONTEXT,
             proposer: str = "draft", n_boot: int = 300, level: float = 0.9, seed: int = 0,
-            extrapolate: bool = False) -> Prediction:
-    """Point speedup plus a percentile-bootstrap interval (traces and cost residuals resampled jointly)."""
-    point = float(speedup(costs, acc, batch, k, context, proposer, extrapolate))
+            extrapolate: bool = False, prefill: tuple[float, float] | None = None) -> Prediction:
+    """Point speedup plus a percentile-bootstrap interval (traces and cost residuals resampled jointly).
+    `prefill` = (prompt tokens, output tokens) counts each request's prefill (speedup_with_prefill)."""
+    def one(c, a):
+        if prefill is None:
+            return float(speedup(c, a, batch, k, context, proposer, extrapolate))
+        return float(speedup_with_prefill(c, a, batch, k, context, proposer, *prefill, extrapolate))
+
+    point = one(costs, acc)
     rng = np.random.default_rng(seed)
-    boots = [float(speedup(costs.resample(rng), acc.resample(rng), batch, k, context, proposer, extrapolate))
-             for _ in range(n_boot if k > 0 else 0)]
+    boots = [one(costs.resample(rng), acc.resample(rng)) for _ in range(n_boot if k > 0 else 0)]
     tail = (1 - level) / 2 * 100
     lo, hi = (np.percentile(boots, [tail, 100 - tail]) if boots else (point, point))
     return Prediction(batch, k, context, point, float(lo), float(hi), level,
-                      acc.expected_tokens(k, extrapolate) if k else 1.0, acc.iid_expected_tokens(k),
-                      float(costs.step_s(batch, k, context, proposer)), float(costs.step_s(batch, 0, context)),
-                      costs.source)
+                      acc.expected_tokens(k, extrapolate) if k else 1.0, acc.iid_expected_tokens(k) if k else 1.0,
+                      float(sd_step_s(costs, acc, batch, k, context, proposer)) if k else float(costs.step_s(batch, 0, context)),
+                      float(costs.step_s(batch, 0, context)), costs.source)
 
 
 # -- advise (the CLI command) ------------------------------------------------------------------------
+PROPOSERS = ("draft", "eagle", "ngram")
+
+
+def vllm_speculative_config(pair: str, proposer: str, k: int) -> dict | None:
+    """A complete --speculative-config for vLLM (method, model where needed, num_speculative_tokens >= 1),
+    built by the vLLM runner's own translation; None when SD should be off (k = 0)."""
+    if k < 1:
+        return None
+    from .vllm_runner import speculative_config
+
+    engine_proposer = {"draft": "draft", "eagle": "eagle", "ngram": "ngram"}[proposer]
+    try:
+        return speculative_config({"pair": pair, "generation": {}}, {"k": int(k), "proposer": engine_proposer})
+    except SpecdecError:
+        return None
+
+
 @dataclass
 class Advice:
     pair: str
     profile: str
     batch: int
-    context: int
+    context: float
     enable: bool
     k: int  # the k the prediction is for (best k > 0, or the requested one)
     requested: bool  # k came from the caller
@@ -157,8 +196,11 @@ class Advice:
     break_even_alpha: float | None
     best_break_even: tuple  # (lowest break-even i.i.d. alpha over k = 1..K_MAX, its k), or (None, None)
     costs: CostModel
-    acc: AcceptanceModel
-    vllm: dict
+    acc: object
+    vllm: dict | None
+    proposer: str = "draft"
+    prefill: tuple | None = None
+    ranges: list | None = None
 
     def lines(self) -> list[str]:
         """A few human-readable lines (what `python -m specdec advise` prints)."""
@@ -172,60 +214,103 @@ class Advice:
         best_a, best_at = self.best_break_even
         best = (f"no k in 1..{K_MAX} breaks even" if best_a is None
                 else f"lowest over k=1..{K_MAX}: i.i.d. alpha > {best_a:.2f} (k={best_at})")
+        pre = (f", prefill of {self.prefill[0]:.0f} prompt tokens counted over {self.prefill[1]:.0f} output tokens"
+               if self.prefill else ", prefill not counted")
         if self.k == 0:
             pred, even = "predicted speedup at k=0: 1.00x by definition", f"break-even: {best}"
         else:
             alpha = (f"unreachable: k={self.k} gives at most {self.k + 1}" if self.break_even_alpha is None
                      else f"i.i.d. alpha > {self.break_even_alpha:.2f}")
             pred = (f"predicted speedup at k={self.k}: {p.speedup:.2f}x "
-                    f"({p.level:.0%} interval {p.lo:.2f}-{p.hi:.2f}); "
+                    f"({p.level:.0%} interval {p.lo:.2f}-{p.hi:.2f}){pre}; "
                     f"tokens/step {p.tokens_per_step:.2f} (i.i.d. alpha {self.acc.iid_alpha:.2f} would give "
                     f"{p.iid_tokens_per_step:.2f}); step {p.step_s * 1e3:.3g} ms vs {p.base_step_s * 1e3:.3g} ms "
                     f"without SD")
             even = f"break-even at k={self.k}: tokens/step > {self.break_even_tokens:.2f} ({alpha}); {best}"
+        spec = (f"vLLM --speculative-config '{json.dumps(self.vllm)}'" if self.vllm else
+                "vLLM: run without --speculative-config (SD off)" if not self.enable or self.k == 0 else
+                f"vLLM: no hub id for this pair's {self.proposer} proposer; cannot write a --speculative-config")
         return [
             f"recommendation: {verdict} for {self.pair} on {self.profile} at batch {self.batch} "
-            f"({self.context} KV tokens/seq); best k in 0..{min(K_MAX, self.acc.max_k)}: {self.best_k}",
+            f"({self.context:.0f} KV tokens/seq, proposer {self.proposer}); best k in 0..{min(K_MAX, self.acc.max_k)}: "
+            f"{self.best_k}",
             pred,
             even,
             f"costs: {self.costs.describe()}",
             f"acceptance: {self.acc.describe()}",
-            f"vLLM --speculative-config: {json.dumps(self.vllm)}",
+            spec,
+            "best k per batch-size range [first, last, k]: " + json.dumps(self.ranges),
         ]
 
 
+def load_acceptance(traces: str | None, profile: str, pair: str, proposer: str):
+    """(acceptance model, mean prompt tokens or None, mean output tokens or None) from `traces`: a JSONL file
+    of engine step traces ({"k", "accepted"}), a file of per-position traces (the paper's format or our
+    converted one), or COLLECTION/DATASET under data/traces; without `traces`, this profile's raw runs."""
+    from . import traces as tr
+
+    if traces is None:
+        found, where = acceptance.load_traces(profile, pair, "draft" if proposer == "eagle" else proposer)
+        return AcceptanceModel.from_traces(found, source=where), None, None
+    ts = tr.resolve(traces, proposer)
+    if ts is None:
+        return AcceptanceModel.from_traces(acceptance.read_jsonl(traces), source=str(traces)), None, None
+    P = float(np.mean([r.prompt_len for r in ts.requests]))
+    G = float(np.mean([r.generated_len for r in ts.requests]))
+    return acceptance.ReplayAcceptance.from_trace_set(ts, K_MAX), P, G
+
+
 def advise(pair: str, profile: str, batch: int, k: int | None = None, traces: str | None = None,
-           context: int = DEFAULT_CONTEXT, proposer: str = "draft", n_boot: int = 300, seed: int = 0) -> Advice:
+           context: float | None = None, proposer: str = "draft", n_boot: int = 300, seed: int = 0,
+           prefill: bool = False, prompt_tokens: float | None = None,
+           output_tokens: float | None = None) -> Advice:
     """Recommendation for one batch size: enable SD or not, best k, speedup with interval, break-even.
 
-    Acceptance comes from `traces` (JSONL, see acceptance.py) or else the profile's raw traces."""
+    Acceptance comes from `traces` (see load_acceptance) or else the profile's raw traces; costs from
+    costmodel.load (fitted, published in the profile yaml, or the roofline prior). `context` defaults to the
+    traces' mean prompt + half their mean output, else DEFAULT_CONTEXT. With `prefill`, each request's prefill
+    is counted (prompt/output tokens default to the traces' means, else 512 and 256)."""
     name = costmodel.pair_name(pair)
     hardware.load_profile(profile)
+    if proposer not in PROPOSERS:
+        raise SpecdecError(f"unknown proposer '{proposer}'; known: {', '.join(PROPOSERS)}")
     if batch < 1:
         raise SpecdecError(f"batch must be >= 1, got {batch}")
     if k is not None and k < 0:
         raise SpecdecError(f"k must be >= 0, got {k}")
+    acc, P, G = load_acceptance(traces, profile, name, proposer)
+    if context is None:
+        context = P + G / 2 if P is not None else DEFAULT_CONTEXT
     if context < 1:
         raise SpecdecError(f"context must be >= 1 KV token, got {context}")
-    if traces is not None:
-        acc = AcceptanceModel.from_traces(acceptance.read_jsonl(traces), source=str(traces))
-    else:
-        found, where = acceptance.load_traces(profile, name, proposer)
-        acc = AcceptanceModel.from_traces(found, source=where)
+    pre = None
+    if prefill:
+        pre = (float(prompt_tokens or P or 512), float(output_tokens or G or 256))
     costs = costmodel.load(profile, name)
-    best, _ = optimal_k(costs, acc, batch, context, proposer)
+    if proposer == "eagle" and costs.draft is None:
+        raise SpecdecError(f"costs for {name} on {profile} have no draft/EAGLE cost")
+
+    def value(j):
+        return float(predict(costs, acc, batch, j, context, proposer, n_boot=0, prefill=pre).speedup)
+
+    ks = range(1, min(K_MAX, acc.max_k) + 1)
+    scores = {j: value(j) for j in ks}
+    best = max(scores, key=scores.get)
+    best = best if scores[best] > 1 else 0
     if k is None:
-        ks = range(1, min(K_MAX, acc.max_k) + 1)
-        k_eval = best or max(ks, key=lambda j: float(speedup(costs, acc, batch, j, context, proposer)))
+        k_eval = best or max(scores, key=scores.get)
     else:
-        acc.conditionals(k)  # k beyond the traces: one-line error
+        if k > 0:
+            acc.conditionals(k)  # k beyond the traces: one-line error
         k_eval = k
-    pred = predict(costs, acc, batch, k_eval, context, proposer, n_boot=n_boot, seed=seed)
+    pred = predict(costs, acc, batch, k_eval, context, proposer, n_boot=n_boot, seed=seed, prefill=pre)
     ranges = policy(costs, acc, max(MAX_BATCH, batch), context, proposer)
-    return Advice(name, profile, batch, context, pred.speedup > 1, k_eval, k is not None, best, pred,
-                  float(break_even_tokens(costs, batch, k_eval, context, proposer)),
-                  break_even_alpha(costs, batch, k_eval, context, proposer),
-                  best_break_even_alpha(costs, batch, context, proposer), costs, acc, vllm_config(ranges))
+    enable = pred.speedup > 1 and k_eval > 0
+    return Advice(name, profile, batch, context, enable, k_eval, k is not None, best, pred,
+                  float(break_even_tokens(costs, batch, max(k_eval, 1), context, proposer)),
+                  break_even_alpha(costs, batch, max(k_eval, 1), context, proposer),
+                  best_break_even_alpha(costs, batch, context, proposer), costs, acc,
+                  vllm_speculative_config(name, proposer, k_eval) if enable else None, proposer, pre, ranges)
 
 
 # -- validation on measured batch-study cells ----------------------------------------------------------
