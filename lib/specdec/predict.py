@@ -172,13 +172,13 @@ def vllm_speculative_config(pair: str, proposer: str, k: int) -> dict | None:
     built by the vLLM runner's own translation; None when SD should be off (k = 0)."""
     if k < 1:
         return None
-    from .vllm_runner import speculative_config
+    from .vllm_runner import check_speculative_config, speculative_config
 
-    engine_proposer = {"draft": "draft", "eagle": "eagle", "ngram": "ngram"}[proposer]
     try:
-        return speculative_config({"pair": pair, "generation": {}}, {"k": int(k), "proposer": engine_proposer})
+        conf = speculative_config({"pair": pair, "generation": {}}, {"k": int(k), "proposer": proposer})
     except SpecdecError:
         return None
+    return check_speculative_config(conf)
 
 
 @dataclass

@@ -367,3 +367,62 @@ def k_choice(gpu: str, held_out: bool = True, ks=range(1, predict.K_MAX + 1)) ->
                              "speedup_recommended": got, "speedup_best": scores[best],
                              "regret": 1 - got / scores[best]})
     return pd.DataFrame(rows)
+
+
+def validation(gpu: str) -> tuple[pd.DataFrame, str, str]:
+    """(table, note, what the predictions are compared with).
+
+    Measured profiles: predict.validate (held-out batch-study cells). A profile whose trace collection comes
+    with the paper's simulator numbers (h100): our predictions vs those numbers on the held-out datasets.
+    Other predicted profiles: nothing to validate against (empty table, the reason)."""
+    if measured(gpu, "batch"):
+        try:
+            return predict.validate(gpu), "", "measured"
+        except SpecdecError as e:
+            return pd.DataFrame(), str(e), "measured"
+    src = mode(gpu, "validation")
+    if src.kind == "none":
+        return pd.DataFrame(), src.text, "measured"
+    name, _ = inputs(gpu)
+    if tr.source(name)["profile"] != gpu or not reference_path(name).exists():
+        return pd.DataFrame(), (f"no measurement or published reference on '{gpu}' to validate against; the "
+                                f"predictions use {src.text}"), "measured"
+    return validate_against_reference(gpu, held_out=True), "", "paper's simulator"
+
+
+def policy(gpu: str, fixed_k: int = K_PAPER) -> tuple[pd.DataFrame, str]:
+    """Off vs fixed k vs adaptive k per batch size. Measured profiles: predict.policy_compare. Predicted:
+    for EAGLE on the held-out datasets (mean over them), `predicted` = the steady-state model of `advise`,
+    `measured` = the trace replay at that k (the simulator's protocol) under the same costs."""
+    if measured(gpu, "batch"):
+        return analysis.safe(predict.policy_compare, gpu)
+    src = mode(gpu, "validation")
+    if src.kind == "none":
+        return pd.DataFrame(), src.text
+    name, costs = inputs(gpu)
+    rows = []
+    for ds in tr.datasets(name, held_out=True):
+        ts = tr.load(name, ds, "eagle")
+        acc = acceptance.ReplayAcceptance.from_trace_set(ts, predict.K_MAX)
+        P = float(np.mean([r.prompt_len for r in ts.requests]))
+        G = float(np.mean([r.generated_len for r in ts.requests]))
+        for b in BATCHES:
+            best = predict.advise(ts.pair, gpu, b, traces=f"{name}/{ds}", proposer="eagle", n_boot=0,
+                                  prefill=True).best_k
+            for pol, k in (("off", 0), (f"fixed k={fixed_k}", fixed_k), ("adaptive", best)):
+                pred = float(predict.speedup_with_prefill(costs, acc, b, k, P + G / 2, "eagle", P, G)) if k else 1.0
+                meas = replay.speedup(ts, costs, b, k, n_boot=0)["speedup"] if k else 1.0
+                rows.append({"dataset": ds, "batch": b, "policy": pol, "k": k, "predicted": pred, "measured": meas})
+    df = pd.DataFrame(rows)
+    out = df.groupby(["batch", "policy"], as_index=False, sort=False).agg(
+        k=("k", "max"), predicted=("predicted", "mean"), measured=("measured", "mean"))
+    out["measured_ks"] = "replay"
+    return out, ""
+
+
+def alternatives(gpu: str) -> tuple[pd.DataFrame, str]:
+    return analysis.safe(analysis.alternatives, gpu, "alternatives")
+
+
+def bench(gpu: str) -> tuple[pd.DataFrame, str]:
+    return analysis.safe(analysis.bench, gpu)

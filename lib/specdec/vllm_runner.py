@@ -83,6 +83,35 @@ def speculative_config(cfg: dict, cell: dict) -> dict | None:
     return {"method": proposer, "model": draft, "num_speculative_tokens": k}
 
 
+# vLLM's SpeculativeConfig (vllm/config/speculative.py; docs "Configuration Reference" of --speculative-config):
+# `method` is one of SpeculativeMethod, `num_speculative_tokens` a positive int, model-based methods name a
+# `model`, and ngram needs 1 <= prompt_lookup_min <= prompt_lookup_max.
+VLLM_METHODS = ("ngram", "eagle", "eagle3", "medusa", "mlp_speculator", "draft_model", "deepseek_mtp")
+VLLM_SPEC_KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
+                  "quantization", "draft_tensor_parallel_size", "max_model_len"}
+
+
+def check_speculative_config(conf: dict) -> dict:
+    """Raise a one-line SpecdecError where `conf` breaks vLLM's documented constraints; else return it."""
+    if not isinstance(conf, dict):
+        raise SpecdecError("speculative config must be a mapping")
+    unknown = set(conf) - VLLM_SPEC_KEYS
+    if unknown:
+        raise SpecdecError(f"speculative config has keys vLLM does not accept: {', '.join(sorted(unknown))}")
+    method, k = conf.get("method"), conf.get("num_speculative_tokens")
+    if method not in VLLM_METHODS:
+        raise SpecdecError(f"speculative config needs method in {', '.join(VLLM_METHODS)}, got {method!r}")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise SpecdecError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
+    if method == "ngram":
+        lo, hi = conf.get("prompt_lookup_min"), conf.get("prompt_lookup_max")
+        if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
+            raise SpecdecError(f"ngram needs 1 <= prompt_lookup_min <= prompt_lookup_max, got {lo!r}, {hi!r}")
+    elif not conf.get("model"):
+        raise SpecdecError(f"method '{method}' needs a draft 'model'")
+    return conf
+
+
 def llm_kwargs(cfg: dict, cell: dict) -> dict:
     """Keyword arguments for vllm.LLM(...) for one cell; unsupported cells raise SpecdecError (one line).
 
