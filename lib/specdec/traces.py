@@ -40,8 +40,8 @@ PAPER = {
                "acceptance profiled on H100 with EAGLE and n-gram proposers (Liu et al., 'Speculative Decoding: "
                "Performance or Illusion?', arXiv 2601.11580)"),
     "commit": "2fdccbd61b62be339fb85fd90caf43f5e8392aa6",
-    "licence": ("the repository ships no licence file; these derived per-position acceptance counts (token ids "
-                "dropped) are redistributed for research with attribution; cite the paper"),
+    "licence": ("the source repository has no licence file (no licence granted); only derived per-position "
+                "acceptance counts (token ids dropped) are kept, with attribution, for research use; cite the paper"),
 }
 
 
