@@ -79,13 +79,21 @@ measure: $(STAMP) ## run missing measurements for every study on this machine (G
 bench: $(STAMP) ## measure the bench study: our engine vs HF generate / assisted generation
 	$(PY) -m specdec measure --study bench --gpu $(GPU)
 
-test: test-unit test-notebooks ## the test command: unit tests, then every notebook via nbval on the fixture
+NBOUT := build/nbval
+
+# Each notebook runs once: nbval executes it on the fixture (writing its figures and tables under $(NBOUT)),
+# then the unit tests check those outputs instead of executing the notebooks a second time.
+test: ## the test command: every notebook via nbval on the fixture, then the unit tests
+	$(MAKE) test-notebooks
+	SPECDEC_NOTEBOOK_OUTPUTS=$(CURDIR)/$(NBOUT) $(MAKE) test-unit
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q tests
 
 test-notebooks: $(STAMP)
-	SPECDEC_GPU=fixture $(PY) -m pytest -q --nbval-lax notebooks
+	rm -rf $(NBOUT)
+	SPECDEC_GPU=fixture SPECDEC_FIGURES=$(CURDIR)/$(NBOUT)/figures SPECDEC_BUILD=$(CURDIR)/$(NBOUT)/build \
+		$(PY) -m pytest -q --nbval-lax notebooks
 
 clean: ## remove generated figures and build outputs (never raw data)
 	rm -rf build figures/*/
