@@ -255,3 +255,12 @@ def test_predicted_tables_are_labelled_in_figures():
     assert any("PREDICTED" in t.get_text() for t in fig.texts)
     plt.close(fig)
     assert isinstance(views.forward_times("h100"), pd.DataFrame) and len(views.forward_ratio("a100"))
+
+
+def test_gpu_install_does_not_pin_the_cpu_torch():
+    import tomllib
+    from specdec import paths
+    meta = tomllib.loads((paths.root() / "lib" / "pyproject.toml").read_text())["project"]
+    assert not any(d.startswith(("torch", "transformers")) for d in meta["dependencies"])
+    assert not any("==" in d for d in meta["optional-dependencies"]["gpu"])
+    assert "torch==2.13.0" in meta["optional-dependencies"]["cpu"]
