@@ -102,7 +102,7 @@ def test_resample_fitted_without_residuals_is_stable_and_prior_varies_in_range()
     cm = CostModel("fixture", "tiny", "fitted", fits["target"].cost, fits["draft"].cost, fits)
     again = cm.resample(np.random.default_rng(0))
     assert again.target.b == pytest.approx(cm.target.b, rel=1e-6)
-    pr = costmodel.prior("h100", "qwen2.5-7b/0.5b")
+    pr = costmodel.prior("h100", "llama3.1-8b/llama3.2-1b")
     draws = [pr.resample(np.random.default_rng(s)).target.eff_mem for s in range(20)]
     lo, hi = costmodel.PRIOR_EFF_MEM[1]
     assert all(lo <= e <= hi for e in draws) and np.std(draws) > 0

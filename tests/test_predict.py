@@ -195,7 +195,7 @@ def test_advise_cli_on_fixture(capsys):
 def test_advise_cli_with_traces_file_on_prior_profile(capsys, tmp_path):
     path = tmp_path / "t.jsonl"
     acceptance.write_jsonl(iid_traces(0.8, 5, n_req=30), path)
-    code, out, _ = run_cli(capsys, "--pair", "qwen2.5-7b/0.5b", "--gpu", "h100", "--batch", "1", "--k", "3",
+    code, out, _ = run_cli(capsys, "--pair", "llama3.1-8b/llama3.2-1b", "--gpu", "h100", "--batch", "1", "--k", "3",
                            "--traces", str(path))
     assert code == 0 and "PRIOR" in out and "k=3" in out
 

@@ -120,7 +120,7 @@ def test_published_h100_costs_come_from_the_profile_yaml():
     assert c.draft_s(8, 3, 500, "ngram") == pytest.approx(0.005875 * c.forward_s("target", 8, 4, 500))
     assert c.resample(np.random.default_rng(0)) is c
     # other pairs on h100 still fall back to the roofline prior
-    assert costmodel.load("h100", "qwen2.5-7b/0.5b").source == "prior"
+    assert costmodel.load("h100", "llama3.1-8b/llama3.2-1b").source == "prior"
 
 
 def test_bad_published_costs_are_one_line_errors(tmp_path, monkeypatch):
@@ -264,3 +264,14 @@ def test_gpu_install_does_not_pin_the_cpu_torch():
     assert not any(d.startswith(("torch", "transformers")) for d in meta["dependencies"])
     assert not any("==" in d for d in meta["optional-dependencies"]["gpu"])
     assert "torch==2.13.0" in meta["optional-dependencies"]["cpu"]
+
+
+def test_every_hub_draft_model_pair_shares_its_vocabulary():
+    from specdec import models
+    from specdec.vllm_runner import speculative_config
+    for name, spec in models.PAIRS.items():
+        if spec.hub_draft and "eagle" not in spec.hub_draft.lower():
+            assert spec.vocab and spec.vocab[0] == spec.vocab[1], name
+            check_speculative_config(speculative_config({"pair": name, "generation": {}}, {"k": 3, "proposer": "draft"}))
+    with pytest.raises(SpecdecError, match="was removed: .*152064"):
+        models.pair_spec("qwen2.5-7b/0.5b")

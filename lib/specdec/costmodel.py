@@ -57,9 +57,13 @@ PAIR_SIZES: dict[str, tuple[ModelSize, ModelSize]] = {
     # Our CPU runs de-quantize both GGUFs to fp32 (4 bytes/param).
     "qwen2.5-coder-1.5b/0.5b": (ModelSize(1.54e9, 28, 2, 128, 1536, "Qwen2.5-Coder-1.5B-Instruct"),
                                 ModelSize(0.49e9, 24, 2, 64, 896, "Qwen2.5-Coder-0.5B-Instruct")),
-    # Qwen2.5-7B: hidden 3584, 28 layers, 28 heads / 4 KV heads of 128: 7.61e9; draft as above.
-    "qwen2.5-7b/0.5b": (ModelSize(7.61e9, 28, 4, 128, 3584, "Qwen2.5-7B-Instruct"),
-                        ModelSize(0.49e9, 24, 2, 64, 896, "Qwen2.5-0.5B-Instruct")),
+    # Llama-3.1-8B: 32 layers, 32 heads / 8 KV heads of 128, hidden 4096: 8.03e9. Llama-3.2-1B: 16 layers,
+    # 32 heads / 8 KV heads of 64, hidden 2048, tied embeddings: 1.24e9. Llama-3.1-70B: 80 layers, 64 heads /
+    # 8 KV heads of 128, hidden 8192: 70.6e9.
+    "llama3.1-8b/llama3.2-1b": (ModelSize(8.03e9, 32, 8, 128, 4096, "Llama-3.1-8B-Instruct"),
+                                ModelSize(1.24e9, 16, 8, 64, 2048, "Llama-3.2-1B-Instruct")),
+    "llama3.1-70b/8b": (ModelSize(70.6e9, 80, 8, 128, 8192, "Llama-3.1-70B-Instruct"),
+                        ModelSize(8.03e9, 32, 8, 128, 4096, "Llama-3.1-8B-Instruct")),
     # Llama-3.1-8B: 32 layers, 32 heads / 8 KV heads of 128: 8.03e9. The EAGLE head is one decoder layer
     # plus an fc (~0.25e9) and reuses the target's 128256x4096 LM head (0.53e9) each forward: ~0.78e9 read.
     "llama3.1-8b/eagle": (ModelSize(8.03e9, 32, 8, 128, 4096, "Llama-3.1-8B-Instruct"),

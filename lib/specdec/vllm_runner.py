@@ -73,6 +73,10 @@ def speculative_config(cfg: dict, cell: dict) -> dict | None:
     if proposer == "draft":
         if is_eagle:
             raise SpecdecError(f"draft '{draft}' is an EAGLE head; use proposer eagle or eagle3, not draft")
+        vocab = models.pair_spec(cfg["pair"]).vocab
+        if vocab and vocab[0] != vocab[1]:
+            raise SpecdecError(f"pair '{cfg['pair']}': vLLM rejects a draft model whose vocabulary ({vocab[1]}) "
+                               f"differs from the target's ({vocab[0]})")
         out = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
         if cell.get("quant", "none") == "fp8":
             out["quantization"] = "fp8"
