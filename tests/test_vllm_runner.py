@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import time
 import subprocess
 import sys
 import types
@@ -282,15 +283,17 @@ def test_run_static_rows_and_acceptance(cfg):
     cfg["timing"].update(repeats=2, warmup_steps=4)
     reqs, batches, acc = vr.run_static(llm, FakeParams, cfg, cell(batch=2), PLIST)
     assert llm.calls[0] == (2, 4)  # warm-up: one batch, warmup_steps tokens
-    assert llm.calls[1:] == [(2, 64), (2, 64), (1, 64)] * 2
-    assert len(reqs) == 10 and len(batches) == 6
-    assert [r["prompt_idx"] for r in reqs[:5]] == [0, 1, 2, 0, 1]
+    # 5 requests at batch 2 round up to 3 whole batches (a partial batch would not be batch size 2)
+    assert llm.calls[1:] == [(2, 64), (2, 64), (2, 64)] * 2
+    assert len(reqs) == 12 and len(batches) == 6
+    assert [r["prompt_idx"] for r in reqs[:6]] == [0, 1, 2, 0, 1, 2]
     assert reqs[2]["rid"] == 0 and reqs[2]["batch_idx"] == 1 and reqs[2]["prompt_tokens"] == 7
     b = batches[2]
-    assert (b["size"], b["new_tokens"], b["decode_tokens"]) == (1, 64, 63)
+    assert (b["size"], b["new_tokens"], b["decode_tokens"]) == (2, 128, 126)
     assert math.isnan(b["prefill_s"]) and math.isnan(b["steps"]) and b["decode_s"] >= 0
-    assert reqs[0]["finish_s"] == batches[0]["decode_s"]  # no per-request stats: batch end
-    assert acc["num_drafts"] == 20  # the warm-up's 4 drafts are not counted
+    assert b["decode_s"] == b["call_s"]  # no per-request first-token stamps: the prefill cannot be split off
+    assert reqs[0]["finish_s"] == batches[0]["call_s"]  # no per-request stats: batch end
+    assert acc["num_drafts"] == 24  # the warm-up's 4 drafts are not counted
     assert acc["acceptance_rate"] == pytest.approx(0.5)
     assert acc["per_position_acceptance"] == pytest.approx([1.0, 0.5, 0.0])
 
@@ -312,7 +315,7 @@ def fake_gpu(tmp_path, monkeypatch):
 
 def test_measure_writes_the_torch_raw_format_and_resumes(fake_gpu):
     res = vr.measure("batch", "h100", limit=3, echo=lambda *_: None)
-    assert res == {"cells": 91, "ran": 3, "pending": 0, "unsupported": 0}
+    assert res == {"cells": 91, "ran": 3, "pending": 88, "unsupported": 0}  # cells still missing after --limit
     assert [llm.closed for llm in FakeLLM.instances] == [True] * len(FakeLLM.instances)
     complete, partial = rawdata.scan("h100", "batch")
     assert len(complete) == 3 and not partial
@@ -326,9 +329,9 @@ def test_measure_writes_the_torch_raw_format_and_resumes(fake_gpu):
             "admitted_s", "first_token_s", "finish_s"} <= set(req.columns)
     bat = pd.read_parquet(complete[0] / "batches.parquet")
     assert list(bat.columns) == ["repeat", "batch_idx", "size", "prefill_s", "decode_s", "steps", "new_tokens",
-                                 "decode_tokens"]
+                                 "decode_tokens", "call_s"]
     again = vr.measure("batch", "h100", limit=1, dry_run=True, echo=lambda *_: None)
-    assert again["pending"] == 1 and again["ran"] == 0
+    assert again["pending"] == 88 and again["ran"] == 0  # a dry run reports every missing cell
     assert len(rawdata.scan("h100", "batch")[0]) == 3  # finished cells are kept, not redone
 
 
@@ -383,3 +386,24 @@ def test_python_m_specdec_without_vllm():
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [f"error: {vr.MISSING}"]
     assert proc.stdout == ""
+
+
+class StampedLLM(FakeLLM):
+    """Outputs carry V1 per-request stamps: first tokens at +10 ms and +20 ms, the call lasts 50 ms."""
+
+    def generate(self, prompts, params, use_tqdm=True):
+        mono = time.monotonic()
+        outs = super().generate(prompts, params, use_tqdm)
+        time.sleep(0.05)
+        for i, o in enumerate(outs):
+            o.metrics = StateStats(arrival_time=time.time(), scheduled_ts=mono, first_token_ts=mono + 0.01 * (i + 1),
+                                   last_token_ts=mono + 0.04)
+        return outs
+
+
+def test_vllm_decode_seconds_exclude_the_prefill_like_the_torch_engine(cfg):
+    cfg["prompts"]["min_requests"] = 2
+    _, batches, _ = vr.run_static(StampedLLM(), FakeParams, cfg, cell(batch=2), PLIST)
+    b = batches[0]
+    assert b["prefill_s"] == pytest.approx(0.02, abs=0.005)
+    assert b["decode_s"] == pytest.approx(b["call_s"] - b["prefill_s"])

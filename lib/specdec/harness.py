@@ -258,20 +258,13 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
     cfg = cfgmod.load_study(study, profile_name)
     todo = cfgmod.cells(cfg)
     chash = cfgmod.config_hash(cfg)
-    pending = []
-    for cell in todo:
-        folder = rawdata.run_dir(profile_name, study, f"{cfgmod.cell_id(cell)}-{chash[:8]}")
-        if rawdata.is_complete(folder):
-            continue
-        moved = rawdata.set_aside_partial(folder)
-        if moved:
-            echo(f"interrupted run set aside: {moved}")
-        pending.append((cell, folder))
-    echo(f"{study} on {profile_name}: {len(todo)} cells, {len(todo) - len(pending)} done, {len(pending)} to run")
+    pending, _ = rawdata.pending_cells(profile_name, study, todo, lambda c: f"{cfgmod.cell_id(c)}-{chash[:8]}", echo)
+    total = len(pending)
+    echo(f"{study} on {profile_name}: {len(todo)} cells, {len(todo) - total} done, {total} to run")
     if limit is not None:
         pending = pending[:limit]
     if dry_run or not pending:
-        return {"cells": len(todo), "ran": 0, "pending": len(pending)}
+        return {"cells": len(todo), "ran": 0, "pending": total}
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg["threads"]))
     device = hardware.device_for(profile)
@@ -280,7 +273,7 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
     tok = mc.pair.tokenizer
     plist = tokenized_prompts(cfg, tok)
     ran = 0
-    for cell, folder in tqdm(pending, desc=f"{study}/{profile_name}", unit="cell"):
+    for cell, folder, _ in tqdm(pending, desc=f"{study}/{profile_name}", unit="cell"):
         target, draft = mc.get(cell.get("quant", "none"))
         started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         load0 = os.getloadavg()
@@ -299,4 +292,4 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
                 "device": device, "started": started, "loadavg_start": load0, "loadavg_end": os.getloadavg()}
         rawdata.write_run(folder, tables, meta)
         ran += 1
-    return {"cells": len(todo), "ran": ran, "pending": len(pending) - ran}
+    return {"cells": len(todo), "ran": ran, "pending": total - ran}

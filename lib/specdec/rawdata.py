@@ -87,6 +87,33 @@ def set_aside_partial(folder: Path) -> Path | None:
     return None
 
 
+def pending_cells(profile: str, study: str, cells: list[dict], run_id, echo=print, prepare=None):
+    """The resume rule shared by both engines: (pending, unsupported) for a study's cells.
+
+    `run_id(cell)` names the cell's folder. Complete folders are skipped (never overwritten); `prepare(cell)`
+    (optional) returns what running the cell needs or raises SpecdecError, which lists the cell as
+    unsupported; a folder left by an interrupted run is set aside (renamed, kept) so the cell is redone.
+    pending: [(cell, folder, prepared)], unsupported: [(run_id, reason)]."""
+    pending, unsupported = [], []
+    for cell in cells:
+        rid = run_id(cell)
+        folder = run_dir(profile, study, rid)
+        if is_complete(folder):
+            continue
+        prepared = None
+        if prepare is not None:
+            try:
+                prepared = prepare(cell)
+            except SpecdecError as e:
+                unsupported.append((rid, str(e)))
+                continue
+        moved = set_aside_partial(folder)
+        if moved:
+            echo(f"interrupted run set aside: {moved}")
+        pending.append((cell, folder, prepared))
+    return pending, unsupported
+
+
 def scan(profile: str | None = None, study: str | None = None) -> tuple[list[Path], list[Path]]:
     """(complete run folders, partial ones) under data/raw, optionally for one profile/study."""
     base = paths.raw_root()

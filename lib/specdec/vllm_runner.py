@@ -41,8 +41,10 @@ COUNTERS = {"vllm:spec_decode_num_drafts": "num_drafts",
             "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
             "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens"}
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
-TIMING_NOTES = ("vLLM engine: batches.decode_s is the wall time of one LLM.generate call (prefill included); "
-                "prefill_s and steps are unknown (NaN); no steps table; prefix caching off")
+TIMING_NOTES = ("vLLM engine: batches.call_s is the wall time of one LLM.generate call; prefill_s = the latest "
+                "first-token time of its requests and decode_s = call_s - prefill_s (as the torch engine's "
+                "decode_s, prefill excluded); where vLLM gives no per-request stamps prefill_s is NaN and "
+                "decode_s = call_s; steps unknown (NaN); no steps table; prefix caching off")
 
 
 # ---------------------------------------------------------------- config translation (pure, CPU)
@@ -254,14 +256,16 @@ def run_static(llm, sampling_cls, cfg: dict, cell: dict, plist: list[dict]):
     Returns (request rows, batch rows, acceptance summary over the timed batches)."""
     timing = cfg.get("timing", {})
     bs = cell["batch"]
-    n_req = max(bs, cfg.get("prompts", {}).get("min_requests", bs))
+    n_req = max(bs, cell.get("requests") or cfg.get("prompts", {}).get("min_requests", bs))
+    n_req = -(-n_req // bs) * bs  # whole batches only, as in the torch engine
+    repeats = max(timing.get("repeats", 2), -(-timing.get("min_timed_batches", 1) // (n_req // bs)))
     chosen = [plist[i % len(plist)] for i in range(n_req)]
     params = sampling_cls(**sampling_kwargs(cfg, cell))
     warm = sampling_cls(**sampling_kwargs(cfg, cell, max_tokens=timing.get("warmup_steps", 4)))
     llm.generate([{"prompt_token_ids": p["ids"]} for p in chosen[:bs]], warm, use_tqdm=False)
     before = spec_counters(llm.get_metrics())
     reqs, batches = [], []
-    for rep in range(timing.get("repeats", 2)):
+    for rep in range(repeats):
         for bi, start in enumerate(range(0, n_req, bs)):
             group = chosen[start:start + bs]
             prompts = [{"prompt_token_ids": p["ids"]} for p in group]
@@ -269,13 +273,20 @@ def run_static(llm, sampling_cls, cfg: dict, cell: dict, plist: list[dict]):
             outs = llm.generate(prompts, params, use_tqdm=False)
             batch_s = time.perf_counter() - t
             new = [len(o.outputs[0].token_ids) for o in outs]
-            for rid, (p, o, n) in enumerate(zip(group, outs, new)):
-                reqs.append({"repeat": rep, "batch_idx": bi, "rid": rid, "prompt_set": p["prompt_set"],
-                             "prompt_idx": p["prompt_idx"], "prompt_tokens": len(p["ids"]), "new_tokens": n,
-                             **request_times(getattr(o, "metrics", None), mono0, wall0, batch_s)})
-            batches.append({"repeat": rep, "batch_idx": bi, "size": len(group), "prefill_s": math.nan,
-                            "decode_s": batch_s, "steps": math.nan, "new_tokens": sum(new),
-                            "decode_tokens": sum(n - 1 for n in new)})
+            rows = [{"repeat": rep, "batch_idx": bi, "rid": rid, "prompt_set": p["prompt_set"],
+                     "prompt_idx": p["prompt_idx"], "prompt_tokens": len(p["ids"]), "new_tokens": n,
+                     **request_times(getattr(o, "metrics", None), mono0, wall0, batch_s)}
+                    for rid, (p, o, n) in enumerate(zip(group, outs, new))]
+            reqs += rows
+            # as in the torch engine, decode_s excludes the prefill: the batch's prefill ends when its last
+            # request has its first token; without per-request stamps it is unknown (NaN) and decode_s is
+            # the whole call (noted in meta.json)
+            first = [r["first_token_s"] for r in rows]
+            prefill_s = max(first) if first and not any(math.isnan(f) for f in first) else math.nan
+            batches.append({"repeat": rep, "batch_idx": bi, "size": len(group), "prefill_s": prefill_s,
+                            "decode_s": batch_s - prefill_s if not math.isnan(prefill_s) else batch_s,
+                            "steps": math.nan, "new_tokens": sum(new), "decode_tokens": sum(n - 1 for n in new),
+                            "call_s": batch_s})
     after = spec_counters(llm.get_metrics())
     return reqs, batches, acceptance_summary(counters_delta(after, before))
 
@@ -285,21 +296,10 @@ def _pending(cfg: dict, study: str, profile_name: str, echo) -> tuple[list, list
 
     Folders are <cell-id>-vllm-<config hash>; resume rules as harness.measure: complete runs are kept, partial ones set aside."""
     chash = cfgmod.config_hash(cfg)
-    pending, unsupported = [], []
-    for cell in cfgmod.cells(cfg):
-        folder = rawdata.run_dir(profile_name, study, f"{cfgmod.cell_id(cell)}-vllm-{chash[:8]}")
-        if rawdata.is_complete(folder):  # vLLM folders carry "-vllm-": torch runs never collide
-            continue
-        try:
-            kwargs = llm_kwargs(cfg, cell)
-        except SpecdecError as e:
-            unsupported.append((cfgmod.cell_id(cell), str(e)))
-            continue
-        moved = rawdata.set_aside_partial(folder)
-        if moved:
-            echo(f"interrupted run set aside: {moved}")
-        pending.append((cell, folder, kwargs))
-    return pending, unsupported
+    # vLLM folders carry "-vllm-": torch runs never collide
+    return rawdata.pending_cells(profile_name, study, cfgmod.cells(cfg),
+                                 lambda c: f"{cfgmod.cell_id(c)}-vllm-{chash[:8]}", echo,
+                                 prepare=lambda c: llm_kwargs(cfg, c))
 
 
 def _shutdown(llm) -> None:
@@ -337,9 +337,10 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
     done = len(todo) - len(pending) - len(unsupported)
     echo(f"{study} on {profile_name} (vllm): {len(todo)} cells, {done} done, {len(pending)} to run, "
          f"{len(unsupported)} unsupported")
+    total = len(pending)
     if limit is not None:
         pending = pending[:limit]
-    counts = {"cells": len(todo), "ran": 0, "pending": len(pending), "unsupported": len(unsupported)}
+    counts = {"cells": len(todo), "ran": 0, "pending": total, "unsupported": len(unsupported)}
     if dry_run or not pending:
         return counts
     from tqdm import tqdm
