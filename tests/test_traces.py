@@ -275,3 +275,20 @@ def test_every_hub_draft_model_pair_shares_its_vocabulary():
             check_speculative_config(speculative_config({"pair": name, "generation": {}}, {"k": 3, "proposer": "draft"}))
     with pytest.raises(SpecdecError, match="was removed: .*152064"):
         models.pair_spec("qwen2.5-7b/0.5b")
+
+
+@pytest.mark.parametrize("machine,ok", [
+    ({"cuda": False, "cpu": "Intel(R) Xeon(R) Processor", "cores": 2, "cpu_flags": ["amx_bf16"]}, True),
+    ({"cuda": False, "cpu": "Intel(R) Xeon(R) Processor", "cores": 2, "cpu_flags": []}, False),
+    ({"cuda": False, "cpu": "AMD EPYC", "cores": 2, "cpu_flags": ["amx_bf16"]}, False),
+    ({"cuda": False, "cpu": "Intel(R) Xeon(R) Processor", "cores": 8, "cpu_flags": ["amx_bf16"]}, False),
+])
+def test_cpu_profiles_refuse_another_cpu(machine, ok):
+    from specdec import hardware
+    prof = hardware.load_profile("cpu-bf16")
+    if ok:
+        hardware.check_machine(prof, machine)
+    else:
+        with pytest.raises(SpecdecError, match="cpu-bf16"):
+            hardware.check_machine(prof, machine)
+    hardware.check_machine(hardware.load_profile("fixture"), machine)  # the fixture runs anywhere

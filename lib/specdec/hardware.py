@@ -73,6 +73,11 @@ def check_machine(profile: dict, machine: dict | None = None) -> None:
     match = profile.get("match", {})
     if match.get("cuda") and not machine.get("cuda"):
         raise SpecdecError(f"profile '{profile['name']}' needs a CUDA GPU, but this machine has none")
+    model, cores = match.get("cpu_model"), match.get("cores")
+    if model and model.lower() not in str(machine.get("cpu", "")).lower() or cores and machine.get("cores") != cores:
+        raise SpecdecError(f"profile '{profile['name']}' is a {cores or '?'}-core '{model or 'any CPU'}' machine; this one "
+                           f"is a {machine.get('cores')}-core '{machine.get('cpu')}': make a profile of your own "
+                           f"(copy configs/hardware/{profile['name']}.yaml) so runs of different CPUs never mix")
     missing = [f for f in match.get("cpu_flags", []) if f not in machine.get("cpu_flags", [])]
     if missing:
         raise SpecdecError(f"profile '{profile['name']}' needs a CPU with {', '.join(missing)}; this one "
