@@ -237,11 +237,14 @@ class ReplayAcceptance:
     records form one AcceptanceModel per k. Tokens per step at k are then the replayed mean, with no
     assumption that positions are independent. Bootstrap replicates resample requests jointly over k."""
 
-    def __init__(self, per_k: dict, propose: dict, source: str = "", n_requests: int = 0):
+    def __init__(self, per_k: dict, propose: dict, source: str = "", n_requests: int = 0, prompt_len=None,
+                 gen_len=None):
         self.per_k = per_k  # k -> AcceptanceModel of the replayed steps at k
         self.propose = propose  # k -> per-request (steps, expected steps with a proposal) counts (n_req, 2)
         self.source = source
         self.n_requests = n_requests
+        self.prompt_len = np.asarray(prompt_len if prompt_len is not None else [], dtype=float)  # tokens
+        self.gen_len = np.asarray(gen_len if gen_len is not None else [], dtype=float)  # output tokens
         self.traces = []
 
     @classmethod
@@ -262,7 +265,7 @@ class ReplayAcceptance:
             per_k[k] = AcceptanceModel.from_traces(steps)
             propose[k] = counts
         src = f"{ts.name}/{ts.dataset} ({ts.proposer}, replayed per k)"
-        return cls(per_k, propose, src, len(reqs))
+        return cls(per_k, propose, src, len(reqs), [r.prompt_len for r in reqs], [r.generated_len for r in reqs])
 
     @property
     def max_k(self) -> int:
@@ -298,7 +301,18 @@ class ReplayAcceptance:
     def resample(self, rng: np.random.Generator) -> "ReplayAcceptance":
         idx = rng.integers(0, self.n_requests, size=self.n_requests)
         per_k = {k: AcceptanceModel(m.tried[idx], m.acc[idx], None, m.source) for k, m in self.per_k.items()}
-        return ReplayAcceptance(per_k, {k: c[idx] for k, c in self.propose.items()}, self.source, self.n_requests)
+        return ReplayAcceptance(per_k, {k: c[idx] for k, c in self.propose.items()}, self.source, self.n_requests,
+                                self.prompt_len[idx], self.gen_len[idx])
+
+    def request_tokens_per_step(self, k: int) -> np.ndarray:
+        """Per request: tokens per step at k (its own replay; accepted + one per step)."""
+        m = self._model(k)
+        steps = m.tried[:, 0]
+        return (m.acc.sum(1) + steps) / np.maximum(steps, 1)
+
+    def request_propose_fraction(self, k: int) -> np.ndarray:
+        c = self.propose[k]
+        return c[:, 1] / np.maximum(c[:, 0], 1)
 
     def describe(self) -> str:
         m = self._model(min(3, self.max_k))

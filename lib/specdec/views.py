@@ -317,8 +317,9 @@ def reference(name: str) -> pd.DataFrame:
 
 
 def validate_against_reference(gpu: str, held_out: bool = True) -> pd.DataFrame:
-    """Our predictions vs the paper's simulator on the (held-out) datasets: steady-state `advise` model with
-    k-conditioned acceptance and prefill counted (predicted), and the trace replay (replayed).
+    """Our predictions vs the paper's simulator on the (held-out) datasets: `advise`'s model (per-request
+    steady state, tokens per step conditioned on k by each request's replay, prefill counted; predicted)
+    and the full trace replay (replayed).
     attrs: mape (steady state, %), mape_replay (%), cost_source."""
     name, costs = inputs(gpu)
     ref = reference(name)
@@ -327,11 +328,12 @@ def validate_against_reference(gpu: str, held_out: bool = True) -> pd.DataFrame:
     rows = []
     for (ds, prop), g in ref.groupby(["dataset", "proposer"]):
         ts = tr.load(name, ds, prop)
-        acc = acceptance.ReplayAcceptance.from_trace_set(ts, 6)
+        acc = predict.replay_acceptance(ts, predict.K_MAX)
         P = float(np.mean([r.prompt_len for r in replay.sample(ts)]))
         G = float(np.mean([r.generated_len for r in replay.sample(ts)]))
         for r in g.itertuples():
-            pred = predict.speedup_with_prefill(costs, acc, r.batch, r.k, P + G / 2, prop, P, G)
+            pred = predict.predict(costs, acc, int(r.batch), int(r.k), P + G / 2, prop, n_boot=0,
+                                   prefill=(P, G)).speedup
             rep = replay.speedup(ts, costs, int(r.batch), int(r.k), n_boot=0)["speedup"]
             rows.append({"dataset": ds, "proposer": prop, "batch": int(r.batch), "k": int(r.k), "context": P + G / 2,
                          "measured": r.speedup, "predicted": float(pred), "replayed": rep,
@@ -403,14 +405,15 @@ def policy(gpu: str, fixed_k: int = K_PAPER) -> tuple[pd.DataFrame, str]:
     rows = []
     for ds in tr.datasets(name, held_out=True):
         ts = tr.load(name, ds, "eagle")
-        acc = acceptance.ReplayAcceptance.from_trace_set(ts, predict.K_MAX)
+        acc = predict.replay_acceptance(ts, predict.K_MAX)
         P = float(np.mean([r.prompt_len for r in ts.requests]))
         G = float(np.mean([r.generated_len for r in ts.requests]))
         for b in BATCHES:
             best = predict.advise(ts.pair, gpu, b, traces=f"{name}/{ds}", proposer="eagle", n_boot=0,
                                   prefill=True).best_k
             for pol, k in (("off", 0), (f"fixed k={fixed_k}", fixed_k), ("adaptive", best)):
-                pred = float(predict.speedup_with_prefill(costs, acc, b, k, P + G / 2, "eagle", P, G)) if k else 1.0
+                pred = predict.predict(costs, acc, b, k, P + G / 2, "eagle", n_boot=0, prefill=(P, G)).speedup \
+                    if k else 1.0
                 meas = replay.speedup(ts, costs, b, k, n_boot=0)["speedup"] if k else 1.0
                 rows.append({"dataset": ds, "batch": b, "policy": pol, "k": k, "predicted": pred, "measured": meas})
     df = pd.DataFrame(rows)
