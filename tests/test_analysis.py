@@ -219,7 +219,9 @@ def test_claims_on_the_fixture():
     v = df.set_index("claim")
     assert v.loc["C1", "verdict"] == "not measurable here" and "EAGLE" in v.loc["C1", "reason"]
     assert v.loc["C4", "verdict"] == "not measurable here" and "> 8" in v.loc["C4", "reason"]
-    assert v.loc["C7", "verdict"] == "not measurable here"
+    # no H100/A100 measurements: C7 falls back to the roofline priors of both profiles and says so
+    assert v.loc["C7", "basis"] == "predicted" and v.loc["C7", "reason"].startswith("PREDICTED")
+    assert v.loc["C1", "basis"] == "measured"
     md = claims.to_markdown(df)
     assert len(re.findall(r"^\| C\d", md, flags=re.M)) == len(df)
 

@@ -68,14 +68,15 @@ def inputs(gpu: str) -> tuple[str, costmodel.CostModel]:
 
 
 def mode(gpu: str, study: str) -> Source:
-    """Whether `study` on `gpu` is shown measured, predicted, or not at all (with the reason)."""
-    hardware.load_profile(gpu)
+    """Whether `study` on `gpu` is shown measured, predicted, or not at all (with the reason). Raw runs of a
+    profile without a yaml (imported or hand-made runs) count as measured."""
     if measured(gpu, study):
         return Source("measured", f"data/raw/{gpu}/{study if study not in ('validation', 'claims') else '*'}")
     if study not in PREDICTABLE:
         return Source("none", f"no measurements in data/raw/{gpu}/{study}, and the {study} study needs them "
                               f"(it cannot be predicted from acceptance traces and forward costs)")
     try:
+        hardware.load_profile(gpu)
         name, costs = inputs(gpu)
     except SpecdecError as e:
         return Source("none", f"no measurements in data/raw/{gpu}/{study}; {e}")
@@ -83,7 +84,9 @@ def mode(gpu: str, study: str) -> Source:
 
 
 def check(gpu: str) -> list[str]:
-    """One line per study; a profile where no study has anything to show is a one-line error."""
+    """One line per study; an unknown profile, or one where no study has anything to show, is a one-line error."""
+    if not any(measured(gpu, s) for s in ("batch", "acceptance", "hardware", "alternatives", "bench")):
+        hardware.load_profile(gpu)
     lines = [f"{s}: {mode(gpu, s).label}" for s in ("batch", "acceptance", "hardware", "alternatives",
                                                      "validation", "bench", "claims")]
     if all(": NO DATA" in line for line in lines):
