@@ -270,12 +270,7 @@ def _key_text(key: tuple) -> str:
 def _predicted_shares(profile: str, pair: str, context: float) -> dict:
     """EAGLE draft share of step time at k=3 per batch size from the roofline prior of `profile`."""
     costs = costmodel.prior(profile, pair)
-    out = {}
-    for b in views.BATCHES:
-        verify = float(costs.forward_s("target", b, 4, context))
-        draft = float(costs.draft_s(b, 3, context, "eagle", verify))
-        out[b] = draft / (draft + verify + costs.overhead_s)
-    return out
+    return {b: float(costs.draft_share(b, 3, context, "eagle")) for b in views.BATCHES}
 
 
 def _c7_predicted(rule: str, missing: list[str]):
@@ -293,10 +288,8 @@ def _c7_predicted(rule: str, missing: list[str]):
     diff = float(np.mean([h[b] - a[b] for b in h]))
     extra = ""
     try:
-        pub = costmodel.published("h100", pair)
-        v = float(pub.forward_s("target", 1, 4, ctx))
-        dr = float(pub.draft_s(1, 3, ctx, "eagle", v))
-        extra = f"; the paper's own H100 fit gives a share of {dr / (dr + v + pub.overhead_s):.2f} at bs1"
+        share = float(costmodel.published("h100", pair).draft_share(1, 3, ctx, "eagle"))
+        extra = f"; the paper's own H100 fit gives a share of {share:.2f} at bs1"
     except SpecdecError:
         pass
     row = _row("C7", rule, REPRODUCED if diff > 0 else NOT_REPRODUCED,

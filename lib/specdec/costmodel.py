@@ -224,13 +224,22 @@ class CostModel:
             raise SpecdecError(f"costs for {self.pair} on {self.profile} have no draft model")
         return self.forward_s("draft", batch, 2, context) + (k - 1) * self.forward_s("draft", batch, 1, context)
 
-    def step_s(self, batch, k: int, context, proposer: str = "draft"):
-        """Seconds for one decoding step of `batch` sequences with `context` KV tokens each.
-
-        k = 0: one target forward of 1 token per sequence (no SD). k >= 1: the proposer's time (draft_s) plus
-        the target verifying k+1 tokens per sequence; plus overhead_s either way."""
+    def step_parts(self, batch, k: int, context, proposer: str = "draft") -> tuple:
+        """(draft, verify, overhead) seconds of one decoding step of `batch` sequences with `context` KV tokens
+        each. k = 0: no proposal and one target forward of 1 token per sequence. k >= 1: the proposer's time
+        (draft_s) and the target verifying k+1 tokens per sequence. overhead_s either way."""
         verify = self.forward_s("target", batch, k + 1, context)
-        return self.draft_s(batch, k, context, proposer, verify) + verify + self.overhead_s
+        return self.draft_s(batch, k, context, proposer, verify), verify, self.overhead_s
+
+    def step_s(self, batch, k: int, context, proposer: str = "draft"):
+        """Seconds for one decoding step: the sum of step_parts."""
+        draft, verify, overhead = self.step_parts(batch, k, context, proposer)
+        return draft + verify + overhead
+
+    def draft_share(self, batch, k: int, context, proposer: str = "draft"):
+        """Fraction of a step's seconds spent proposing."""
+        draft, verify, overhead = self.step_parts(batch, k, context, proposer)
+        return draft / (draft + verify + overhead)
 
     def residuals(self) -> dict:
         """Per model: n points, rmse_s [s], rel_rmse and max_abs_rel (fractions); empty for the prior."""

@@ -28,25 +28,24 @@ def load_profile(name: str) -> dict:
     return prof
 
 
-def cpu_model() -> str:
+def _cpuinfo(field: str) -> str | None:
+    """The value of the first `field` line of /proc/cpuinfo (None where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith(field):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_model() -> str:
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 def cpu_flags() -> list[str]:
     """The CPU feature flags of /proc/cpuinfo (empty where there is none)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line.split(":", 1)[1].split()
-    except OSError:
-        pass
-    return []
+    return (_cpuinfo("flags") or "").split()
 
 
 def describe_machine() -> dict:

@@ -69,14 +69,15 @@ def _latencies(req: tr.Request, costs: CostModel, batch: int, k: int, proposer: 
 
 
 def request_latencies(ts: tr.TraceSet, costs: CostModel, batch: int, k: int, prefill: bool = True,
-                      n: int = N_SAMPLE, seed: int = SEED) -> pd.DataFrame:
-    """Per sampled request: generated tokens G, seconds without SD (org_s) and with SD at k (sd_s)."""
+                      n: int = N_SAMPLE, seed: int = SEED, requests: list[tr.Request] | None = None) -> pd.DataFrame:
+    """Per sampled request (or per given `requests`): generated tokens G, seconds without SD (org_s) and with
+    SD at k (sd_s)."""
     if batch < 1:
         raise SpecdecError(f"batch must be >= 1, got {batch}")
     if k > ts.max_k:
         raise SpecdecError(f"{ts.name}/{ts.dataset} traces are capped at k = {ts.max_k}, asked for k = {k}")
     rows = []
-    for r in sample(ts, n, seed):
+    for r in (requests if requests is not None else sample(ts, n, seed)):
         org, sd = _latencies(r, costs, batch, k, ts.proposer, ts.match_prob, prefill)
         rows.append({"id": r.id, "tokens": r.generated_len, "org_s": org, "sd_s": sd})
     return pd.DataFrame(rows)
@@ -89,7 +90,8 @@ def _ratio(tokens, org, sd) -> float:
 def speedup(ts: tr.TraceSet, costs: CostModel, batch: int, k: int, prefill: bool = True, n_boot: int = 200,
             level: float = 0.95, seed: int = 0) -> dict:
     """Predicted speedup at (batch, k) with a bootstrap interval over requests; also tokens per step."""
-    lat = request_latencies(ts, costs, batch, k, prefill)
+    reqs = sample(ts)
+    lat = request_latencies(ts, costs, batch, k, prefill, requests=reqs)
     t, o, s = (lat[c].to_numpy(float) for c in ("tokens", "org_s", "sd_s"))
     point = _ratio(t, o, s)
     lo = hi = point
@@ -99,32 +101,7 @@ def speedup(ts: tr.TraceSet, costs: CostModel, batch: int, k: int, prefill: bool
         boots = np.mean(t[idx] / s[idx], 1) / np.mean(t[idx] / o[idx], 1)
         tail = (1 - level) / 2 * 100
         lo, hi = np.percentile(boots, [tail, 100 - tail])
-    steps = sum(len(_replayed(r.acc_len, k)[0]) for r in sample(ts)) if k else None
-    toks = sum(r.generated_len - 1 for r in sample(ts))
+    steps = sum(len(_replayed(r.acc_len, k)[0]) for r in reqs) if k else None
+    toks = sum(r.generated_len - 1 for r in reqs)
     return {"speedup": point, "ci_lo": float(lo), "ci_hi": float(hi),
             "tokens_per_step": (toks / steps) if steps else 1.0}
-
-
-def grid(ts: tr.TraceSet, costs: CostModel, batches, ks, prefill: bool = True, n_boot: int = 200) -> pd.DataFrame:
-    """speedup() over a grid: one row per (batch, k) with the trace set's dataset, proposer and cost source."""
-    rows = []
-    for b in batches:
-        for k in ks:
-            if k > ts.max_k:
-                continue
-            rows.append({"dataset": ts.dataset, "proposer": ts.proposer, "held_out": ts.held_out, "batch": int(b),
-                         "k": int(k), **speedup(ts, costs, int(b), int(k), prefill, n_boot)})
-    df = pd.DataFrame(rows)
-    df.attrs["cost_source"] = costs.describe()
-    return df
-
-
-def best_k(ts: tr.TraceSet, costs: CostModel, batch: int, ks=range(1, 7), prefill: bool = True) -> tuple[int, float]:
-    """(k with the highest replayed speedup, that speedup); k = 0 when none beats 1."""
-    best = (0, 1.0)
-    for k in ks:
-        s = _ratio(*(request_latencies(ts, costs, batch, k, prefill)[c].to_numpy(float)
-                     for c in ("tokens", "org_s", "sd_s")))
-        if s > best[1]:
-            best = (int(k), s)
-    return best

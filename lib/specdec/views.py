@@ -157,11 +157,10 @@ def draft_overhead(gpu: str) -> tuple[pd.DataFrame, str]:
     for ts, costs in _sets(gpu):
         ctx = float(np.mean([r.prompt_len + r.generated_len / 2 for r in ts.requests]))
         for b in BATCHES:
-            verify = float(costs.forward_s("target", b, K_PAPER + 1, ctx))
-            draft = float(costs.draft_s(b, K_PAPER, ctx, ts.proposer, verify))
-            tot = verify + draft + costs.overhead_s
+            draft, verify, other = map(float, costs.step_parts(b, K_PAPER, ctx, ts.proposer))
+            tot = draft + verify + other
             rows.append({**_base(gpu, ts, costs), "batch": b, "k": K_PAPER, "proposer": _label(ts),
-                         "n_steps": np.nan, "draft_s": draft, "verify_s": verify, "other_s": costs.overhead_s,
+                         "n_steps": np.nan, "draft_s": draft, "verify_s": verify, "other_s": other,
                          "draft_frac": draft / tot, "ci_lo": np.nan, "ci_hi": np.nan, "verify_frac": verify / tot,
                          "context": ctx})
     return pd.DataFrame(rows), ""
@@ -174,12 +173,9 @@ def contention(gpu: str) -> pd.DataFrame:
 
 
 # -- acceptance -------------------------------------------------------------------------------------------------
-@lru_cache(maxsize=16)
 def _replayed(gpu: str, k: int = 6):
-    out = []
-    for ts, costs in _sets(gpu):
-        out.append((ts, acceptance.ReplayAcceptance.from_trace_set(ts, k)))
-    return out
+    """(trace set, its ReplayAcceptance up to k) for every trace set of the profile's collection."""
+    return [(ts, predict.replay_acceptance(ts, k)) for ts, _ in _sets(gpu)]
 
 
 def position_acceptance(gpu: str) -> tuple[pd.DataFrame, str]:
@@ -362,10 +358,7 @@ def k_choice(gpu: str, held_out: bool = True, ks=range(1, predict.K_MAX + 1)) ->
             for b in BATCHES:
                 adv = predict.advise(ts.pair, gpu, b, traces=f"{name}/{ds}", proposer=prop, n_boot=0, prefill=True)
                 rec = adv.best_k
-                scores = {0: 1.0}
-                for k in ks:
-                    lat = replay.request_latencies(ts, costs, b, k)
-                    scores[k] = float(np.mean(lat["tokens"] / lat["sd_s"]) / np.mean(lat["tokens"] / lat["org_s"]))
+                scores = {0: 1.0, **{k: replay.speedup(ts, costs, b, k, n_boot=0)["speedup"] for k in ks}}
                 best = max(scores, key=scores.get)
                 got = scores.get(rec, np.nan)
                 rows.append({"dataset": ds, "proposer": prop, "batch": b, "recommended_k": rec, "best_k": best,
