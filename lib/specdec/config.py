@@ -26,6 +26,10 @@ GRID_KEYS = ("mode", "batch", "k", "proposer", "temperature", "alpha", "quant", 
 DEFAULTS = {"mode": ["static"], "proposer": ["draft"], "temperature": [0.0], "alpha": [None], "quant": ["none"],
             "rate": [None], "context": [None], "requests": [None]}
 MODES = ("static", "poisson", "forward", "hf")
+NGRAM_MATCH = ("earliest", "latest")
+# Runs measured before `generation.ngram_match` existed used the latest match; a config without the key means
+# that, and config_hash leaves the key out when it says "latest", so those runs keep their hash.
+LEGACY_NGRAM_MATCH = "latest"
 
 
 def study_names() -> list[str]:
@@ -69,6 +73,9 @@ def validate(cfg: dict, name: str = "config") -> None:
     gen = cfg.get("generation", {})
     if gen.get("max_new_tokens", 1) < 1:
         raise SpecdecError(f"{name}: generation.max_new_tokens must be >= 1")
+    if gen.get("ngram_match", LEGACY_NGRAM_MATCH) not in NGRAM_MATCH:
+        raise SpecdecError(f"{name}: generation.ngram_match must be one of {', '.join(NGRAM_MATCH)}, "
+                           f"got {gen.get('ngram_match')!r}")
 
 
 def _validate_grid(grid: dict, name: str) -> None:
@@ -139,6 +146,10 @@ def cell_id(cell: dict) -> str:
 
 
 def config_hash(cfg: dict) -> str:
-    """sha256 of the config minus the grid (so growing a grid keeps finished cells valid)."""
+    """sha256 of the config minus the grid (so growing a grid keeps finished cells valid), and minus
+    generation.ngram_match when it is the legacy "latest" (runs from before the key keep their hash)."""
     body = {k: v for k, v in cfg.items() if k != "grid"}
+    gen = body.get("generation")
+    if isinstance(gen, dict) and gen.get("ngram_match") == LEGACY_NGRAM_MATCH:
+        body["generation"] = {k: v for k, v in gen.items() if k != "ngram_match"}
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()

@@ -33,6 +33,7 @@ class GenConfig:
     ignore_eos: bool = True
     ngram_max: int = 3
     ngram_min: int = 1
+    ngram_match: str = "earliest"  # earliest (vLLM's rule) | latest: which earlier occurrence n-gram lookup copies
     compact_after: int = 32  # compact a cache once it has this many hole columns
     synthetic_alpha: float | None = None  # force i.i.d. acceptance with this probability (cost studies)
 
@@ -45,6 +46,8 @@ class GenConfig:
             raise SpecdecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.synthetic_alpha is not None and not 0 <= self.synthetic_alpha <= 1:
             raise SpecdecError(f"synthetic_alpha must be in [0, 1], got {self.synthetic_alpha}")
+        if self.ngram_match not in ngram.MATCH_RULES:
+            raise SpecdecError(f"unknown ngram_match '{self.ngram_match}' ({', '.join(ngram.MATCH_RULES)})")
         if self.temperature < 0:
             raise SpecdecError(f"temperature must be >= 0, got {self.temperature}")
         return self
@@ -191,7 +194,8 @@ class SpecEngine:
         b, k = len(self.seqs), self.cfg.k
         if self.cfg.proposer == "ngram":
             hist = [np.asarray(s.prompt + s.generated, dtype=np.int64) for s in self.seqs]
-            toks, counts = ngram.propose(hist, k, self.cfg.ngram_max, self.cfg.ngram_min, pad=self.pad)
+            toks, counts = ngram.propose(hist, k, self.cfg.ngram_max, self.cfg.ngram_min, pad=self.pad,
+                                          match=self.cfg.ngram_match)
             return (torch.from_numpy(toks).to(self.device), torch.from_numpy(counts).to(self.device), None)
         logits = self.dkv.forward(self.dpend, self.dvalid, last_only=True)[:, -1]
         toks, probs = [], []

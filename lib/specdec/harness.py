@@ -57,6 +57,7 @@ def gen_config(cfg: dict, cell: dict, seed: int) -> GenConfig:
     return GenConfig(k=cell["k"], proposer=cell["proposer"], max_new_tokens=gen.get("max_new_tokens", 32),
                      temperature=cell["temperature"], seed=seed, ignore_eos=gen.get("ignore_eos", True),
                      ngram_max=gen.get("ngram_max", 3), ngram_min=gen.get("ngram_min", 1),
+                     ngram_match=gen.get("ngram_match", cfgmod.LEGACY_NGRAM_MATCH),
                      synthetic_alpha=cell.get("alpha")).validate()
 
 

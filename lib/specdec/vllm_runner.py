@@ -66,6 +66,9 @@ def speculative_config(cfg: dict, cell: dict) -> dict | None:
         return None
     gen = cfg.get("generation", {})
     if proposer == "ngram":
+        if gen.get("ngram_match", cfgmod.LEGACY_NGRAM_MATCH) != "earliest":
+            raise SpecdecError("vLLM's n-gram proposer copies the earliest of the longest matches; set "
+                               "generation.ngram_match: earliest for a vLLM run")
         return {"method": "ngram", "num_speculative_tokens": k,
                 "prompt_lookup_max": gen.get("ngram_max", 3), "prompt_lookup_min": gen.get("ngram_min", 1)}
     _, draft = _hub_ids(cfg)
