@@ -56,7 +56,7 @@ def test_baseline_equals_hf_generate_per_sequence(pair):
 def test_k0_is_plain_decoding(pair):
     prompts = mixed_prompts(3, seed=3)
     eng = run(pair, prompts, k=0, proposer="draft", max_new_tokens=10)
-    assert eng.dkv is None
+    assert eng.proposer is None
     assert all(r["proposed"] == [0, 0, 0] and r["draft_s"] < 1e-3 for r in eng.steps)
     assert len(eng.steps) == 9  # first token comes from the prefill
 
@@ -78,7 +78,7 @@ def test_kv_caches_stay_consistent(pair):
         # target cache: everything committed except the pending last token
         assert torch.equal(eng.tkv.lengths().cpu(), total - 1)
         # draft cache: everything except its 1 or 2 pending inputs
-        assert torch.equal(eng.dkv.lengths().cpu(), total - 1 - eng.dvalid[:, 0].long().cpu())
+        assert torch.equal(eng.proposer.kv.lengths().cpu(), total - 1 - eng.proposer.valid[:, 0].long().cpu())
     assert eng.tkv.holes() < 4 + 4  # compaction keeps the hole columns bounded
 
 
@@ -123,7 +123,8 @@ def test_sampled_sd_matches_target_distribution(pair, proposer):
     eng = SpecEngine(pair.target, pair.draft, cfg, pad_token_id=PAD)
     eng.add([Sequence(i, prompt, 3) for i in range(n)])
     eng.last[:] = 101  # condition on a fixed first generated token (prefill sample overridden)
-    eng.dpend[:, 1] = 101
+    if proposer == "draft":
+        eng.proposer.pend[:, 1] = 101
     for s in eng.seqs:
         s.generated = [101]
     eng.step()
@@ -149,7 +150,7 @@ def test_sampled_sd_second_position_matches(pair):
                      pad_token_id=PAD)
     eng.add([Sequence(i, prompt, 3) for i in range(n)])
     eng.last[:] = 65
-    eng.dpend[:, 1] = 65
+    eng.proposer.pend[:, 1] = 65
     for s in eng.seqs:
         s.generated = [65]
     eng.step()
@@ -182,3 +183,28 @@ def test_bad_generation_config(kw, msg):
 def test_draft_proposer_needs_draft(pair):
     with pytest.raises(SpecdecError, match="needs a draft"):
         SpecEngine(pair.target, None, GenConfig(k=2, proposer="draft"))
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_hf_assisted_generation_runs_at_the_cells_k(pair, k):
+    """The bench compares our SD at k with HF assisted generation at the same k: the assistant must draft
+    exactly k tokens per round (its own generation_config defaults would draft up to 20)."""
+    from specdec import harness
+
+    calls = []
+    for name, model in (("T", pair.target), ("D", pair.draft)):
+        orig = model.forward
+
+        def spy(*a, _orig=orig, _name=name, **kw):
+            calls.append(_name)
+            return _orig(*a, **kw)
+        model.forward = spy
+    try:
+        defaults = {a: getattr(pair.draft.generation_config, a, None) for a in harness.ASSISTANT_SETTINGS}
+        harness.hf_generate(pair.target, pair.draft, [[5, 6, 7, 8, 9]], k, 12, PAD)
+        assert {a: getattr(pair.draft.generation_config, a, None) for a in harness.ASSISTANT_SETTINGS} == defaults
+    finally:
+        del pair.target.forward, pair.draft.forward
+    runs = "".join(calls).split("T")
+    drafted = [len(r) for r in runs[:-1] if r]
+    assert drafted and max(drafted) == k  # the first round may also prefill; never more than k per round

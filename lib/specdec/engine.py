@@ -1,4 +1,4 @@
-"""Batched speculative decoding with torch + transformers.
+"""Batched speculative decoding with torch + transformers: the scheduler (SpecEngine) and static batches.
 
 One engine serves both sides of every comparison:
   * k = 0 (or proposer "none"): plain batched decoding with the target, one token per step;
@@ -7,18 +7,22 @@ One engine serves both sides of every comparison:
 Verification is greedy (temperature 0: accept while the draft token is the target's argmax) or lossless
 rejection sampling (accept d with prob min(1, p(d)/q(d)), else resample from norm(max(0, p - q))).
 Acceptance is per sequence; caches stay consistent through KVState holes. Times are seconds.
+Roles: engine.py schedules (batch state, admission, steps), proposers.py proposes, verify.py verifies (pure
+functions), kv.py holds caches, timing.py is the one synchronized clock.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
-from . import ngram
+from . import ngram, verify
 from .errors import SpecdecError
 from .kv import KVState
+from .kv import prefill as prefill_kv
+from .proposers import DraftProposer, NgramProposer
+from .timing import clock, sync
 
 
 @dataclass
@@ -72,13 +76,10 @@ class Sequence:
     finish_s: float = 0.0
 
 
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class SpecEngine:
-    """Holds a batch of sequences and advances all of them one speculative step at a time."""
+    """The scheduler: holds a batch of sequences (admission, retirement) and advances all of them one
+    speculative step at a time: propose (proposers.py), verify in one target pass (verify.py, pure), commit.
+    Timing goes through timing.clock."""
 
     def __init__(self, target, draft=None, cfg: GenConfig | None = None, eos_token_id=None, pad_token_id=0):
         self.cfg = (cfg or GenConfig()).validate()
@@ -90,28 +91,19 @@ class SpecEngine:
         self.pad = pad_token_id
         self.gen = torch.Generator(device=self.device).manual_seed(self.cfg.seed)
         self.tkv = KVState(target)
-        self.dkv = KVState(draft) if (self.cfg.speculative and self.cfg.proposer == "draft") else None
+        self.proposer = None
+        if self.cfg.speculative:
+            self.proposer = (DraftProposer(draft, self.cfg.k, self.pad, self.device) if self.cfg.proposer == "draft"
+                             else NgramProposer(self.cfg.k, self.cfg.ngram_max, self.cfg.ngram_min,
+                                                self.cfg.ngram_match, self.pad, self.device))
         self.seqs: list[Sequence] = []
         self.last = torch.zeros(0, dtype=torch.long, device=self.device)  # pending token, not yet in target cache
-        self.dpend = torch.zeros(0, 2, dtype=torch.long, device=self.device)  # pending draft inputs
-        self.dvalid = torch.zeros(0, 2, dtype=torch.bool, device=self.device)
         self.steps: list[dict] = []
         self.t0 = time.perf_counter()
 
     # -- admission -------------------------------------------------------------------------------
     def now(self) -> float:
         return time.perf_counter() - self.t0
-
-    def _prefill(self, model, prompts, last_only=True):
-        kv = KVState(model)
-        width = max(len(p) for p in prompts)
-        toks = torch.full((len(prompts), width), self.pad, dtype=torch.long, device=self.device)
-        valid = torch.zeros(len(prompts), width, dtype=torch.bool, device=self.device)
-        for i, p in enumerate(prompts):
-            toks[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            valid[i, width - len(p):] = True
-        logits = kv.forward(toks, valid, last_only=last_only)[:, -1]
-        return kv, logits
 
     @torch.no_grad()
     def add(self, seqs: list[Sequence]) -> float:
@@ -120,20 +112,15 @@ class SpecEngine:
             return 0.0
         if any(len(s.prompt) == 0 for s in seqs):
             raise SpecdecError("empty prompt")
-        _sync(self.device)
-        start = time.perf_counter()
+        start = clock(self.device)
         prompts = [s.prompt for s in seqs]
-        tkv, logits = self._prefill(self.target, prompts)
-        first = self._sample(logits)
-        if self.dkv is not None:
-            dkv, _ = self._prefill(self.draft, prompts)
-            self.dkv.merge(dkv)
+        tkv, logits = prefill_kv(self.target, prompts, self.pad, self.device)
+        first = verify.sample(logits, self.cfg.temperature, self.gen)
+        if self.proposer is not None:
+            self.proposer.join(prompts, first)
         self.tkv.merge(tkv)
         self.last = torch.cat([self.last, first])
-        pend = torch.stack([torch.full_like(first, self.pad), first], dim=1)
-        self.dpend = torch.cat([self.dpend, pend])
-        self.dvalid = torch.cat([self.dvalid, torch.tensor([[False, True]] * len(seqs), device=self.device)])
-        _sync(self.device)
+        sync(self.device)
         now = self.now()
         for s, tok in zip(seqs, first.tolist()):
             s.admitted_s, s.first_token_s = start - self.t0, now
@@ -148,9 +135,9 @@ class SpecEngine:
 
         new = copy.copy(self)
         new.tkv = self.tkv.clone()
-        new.dkv = self.dkv.clone() if self.dkv is not None else None
+        new.proposer = self.proposer.clone() if self.proposer is not None else None
         new.seqs = [copy.deepcopy(s) for s in self.seqs]
-        new.last, new.dpend, new.dvalid = self.last.clone(), self.dpend.clone(), self.dvalid.clone()
+        new.last = self.last.clone()
         new.steps = []
         new.gen = torch.Generator(device=self.device).manual_seed(self.cfg.seed if seed is None else seed)
         new.t0 = time.perf_counter() - self.now()
@@ -163,21 +150,11 @@ class SpecEngine:
         if gone:
             rows = torch.tensor(keep, dtype=torch.long, device=self.device)
             self.tkv.select(rows)
-            if self.dkv is not None:
-                self.dkv.select(rows)
-            self.last, self.dpend, self.dvalid = self.last[rows], self.dpend[rows], self.dvalid[rows]
+            if self.proposer is not None:
+                self.proposer.select(rows)
+            self.last = self.last[rows]
             self.seqs = [self.seqs[i] for i in keep]
         return gone
-
-    # -- sampling --------------------------------------------------------------------------------
-    def _probs(self, logits: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(logits.double() / self.cfg.temperature, dim=-1)
-
-    def _sample(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.cfg.temperature == 0:
-            return logits.argmax(-1)
-        probs = self._probs(logits)
-        return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=self.gen).reshape(probs.shape[:-1])
 
     def _commit(self, s: Sequence, toks: list[int], now: float) -> None:
         if s.done:
@@ -189,92 +166,34 @@ class SpecEngine:
                 return
 
     # -- one step --------------------------------------------------------------------------------
-    def _propose(self):
-        """Returns proposed tokens (b, k), real counts (b,), and draft probs (b, k, vocab) or None."""
-        b, k = len(self.seqs), self.cfg.k
-        if self.cfg.proposer == "ngram":
-            hist = [np.asarray(s.prompt + s.generated, dtype=np.int64) for s in self.seqs]
-            toks, counts = ngram.propose(hist, k, self.cfg.ngram_max, self.cfg.ngram_min, pad=self.pad,
-                                          match=self.cfg.ngram_match)
-            return (torch.from_numpy(toks).to(self.device), torch.from_numpy(counts).to(self.device), None)
-        logits = self.dkv.forward(self.dpend, self.dvalid, last_only=True)[:, -1]
-        toks, probs = [], []
-        for i in range(k):
-            if self.cfg.temperature > 0:
-                probs.append(self._probs(logits))
-            toks.append(self._sample(logits))
-            if i < k - 1:
-                logits = self.dkv.forward(toks[-1][:, None], torch.ones(b, 1, dtype=torch.bool,
-                                                                        device=self.device), last_only=True)[:, -1]
-        q = torch.stack(probs, 1) if probs else None
-        return torch.stack(toks, 1), torch.full((b,), k, dtype=torch.long, device=self.device), q
-
-    def _verify(self, plogits, drafts, counts, q):
-        """Per-sequence accepted count n (b,) and the token that follows them (b,)."""
-        b, k = drafts.shape
-        live = torch.arange(k, device=self.device)[None, :] < counts[:, None]
-        rows = torch.arange(b, device=self.device)
-        if self.cfg.synthetic_alpha is not None:
-            # same work as real SD, but acceptance is drawn i.i.d.; the text is no longer the target's
-            u = torch.rand(b, k, generator=self.gen, device=self.device)
-            n = ((u < self.cfg.synthetic_alpha) & live).long().cumprod(1).sum(1)
-            return n, plogits[rows, n].argmax(-1)
-        if self.cfg.temperature == 0:
-            best = plogits.argmax(-1)
-            ok = (drafts == best[:, :k]) & live
-            n = ok.long().cumprod(1).sum(1)
-            return n, best[rows, n]
-        p = self._probs(plogits)  # (b, k+1, V)
-        if q is None:  # deterministic proposals (n-gram): q is one-hot on the proposed token
-            q = torch.nn.functional.one_hot(drafts, p.shape[-1]).to(p.dtype)
-        q = torch.where(live[..., None], q, torch.zeros_like(q))
-        pd = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)
-        qd = q.gather(-1, drafts[..., None]).squeeze(-1)
-        u = torch.rand(b, k, generator=self.gen, device=self.device, dtype=p.dtype)
-        ok = (u * qd < pd) & live
-        n = ok.long().cumprod(1).sum(1)
-        qn = torch.cat([q, torch.zeros_like(p[:, :1])], 1)[rows, n]
-        pn = p[rows, n]
-        resid = (pn - qn).clamp(min=0)
-        mass = resid.sum(-1, keepdim=True)
-        resid = torch.where(mass > 0, resid / mass.clamp(min=1e-300), pn)
-        return n, torch.multinomial(resid, 1, generator=self.gen).squeeze(-1)
-
     @torch.no_grad()
     def step(self) -> dict:
         """Advance every sequence in the batch by one (speculative) step; returns the step record."""
         if not self.seqs:
             raise SpecdecError("step() on an empty batch")
         cfg, b = self.cfg, len(self.seqs)
-        _sync(self.device)
-        t0 = time.perf_counter()
-        if cfg.speculative:
-            drafts, counts, q = self._propose()
-            k = drafts.shape[1]
+        t0 = clock(self.device)
+        if self.proposer is not None:
+            drafts, counts, q = self.proposer.propose(self.seqs, cfg.temperature, self.gen)
         else:
             drafts = torch.zeros(b, 0, dtype=torch.long, device=self.device)
-            counts, q, k = torch.zeros(b, dtype=torch.long, device=self.device), None, 0
-        _sync(self.device)
-        t1 = time.perf_counter()
+            counts, q = torch.zeros(b, dtype=torch.long, device=self.device), None
+        k = drafts.shape[1]
+        t1 = clock(self.device)
         start = self.tkv.slots
         verify_in = torch.cat([self.last[:, None], drafts], 1)
         plogits = self.tkv.forward(verify_in, torch.ones_like(verify_in, dtype=torch.bool))
-        _sync(self.device)
-        t2 = time.perf_counter()
-        n, nxt = self._verify(plogits, drafts, counts, q)
+        t2 = clock(self.device)
+        n, nxt = verify.verify(plogits, drafts, counts, q, cfg.temperature, self.gen, cfg.synthetic_alpha)
         self.tkv.invalidate(start + 1, n, k)
-        if self.dkv is not None:
-            # the draft cache holds [pending, d1..d_{k-1}]; d_i stays valid iff accepted
-            self.dkv.invalidate(self.dkv.slots - (k - 1), n, k - 1)
-            full = n == k
-            self.dpend = torch.stack([torch.where(full, drafts[:, -1], self.pad), nxt], 1)
-            self.dvalid = torch.stack([full, torch.ones_like(full)], 1)
+        if self.proposer is not None:
+            self.proposer.advance(drafts, n, nxt)
+            self.proposer.compact(cfg.compact_after)
         self.last = nxt
-        for kv in (self.tkv, self.dkv):
-            if kv is not None and kv.holes() >= cfg.compact_after:
-                kv.compact()
+        if self.tkv.holes() >= cfg.compact_after:
+            self.tkv.compact()
         n_list, d_list, c_list, nxt_list = n.tolist(), drafts.tolist(), counts.tolist(), nxt.tolist()
-        _sync(self.device)
+        sync(self.device)
         now = self.now()
         active = []
         for s, ni, ds, tok in zip(self.seqs, n_list, d_list, nxt_list):
@@ -300,12 +219,10 @@ def prefill(target, draft, prompts: list[list[int]], cfg: GenConfig, eos_token_i
 
 def decode(eng: SpecEngine, max_steps: int | None = None) -> float:
     """Step until every sequence is done (or max_steps); returns the decode seconds."""
-    _sync(eng.device)
-    t = time.perf_counter()
+    t = clock(eng.device)
     while not eng.all_done() and (max_steps is None or len(eng.steps) < max_steps):
         eng.step()
-    _sync(eng.device)
-    return time.perf_counter() - t
+    return clock(eng.device) - t
 
 
 def generate(target, draft, prompts: list[list[int]], cfg: GenConfig, eos_token_id=None, pad_token_id=0):

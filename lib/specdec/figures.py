@@ -386,7 +386,7 @@ VERDICT_COLORS = {"reproduced": "tab:green", "not reproduced": "tab:red", "not m
 
 # -- bench study --------------------------------------------------------------------------------------------------
 def bench_vs_hf(bn: pd.DataFrame, gpu: str, note: str = ""):
-    """HF time / our time per cell with 95% CI; dashed lines are the goals (0.98 plain, 1.0 vs assisted)."""
+    """HF time / our time per cell with 95% CI; dashed line is the goal (1.0: ours at least as fast)."""
     if bn.empty:
         return placeholder(f"our engine vs transformers ({gpu})", note)
     fig, ax = plt.subplots(figsize=(WIDTH, 3.4))

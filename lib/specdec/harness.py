@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from . import config as cfgmod
 from . import hardware, models, prompts, rawdata
+from .timing import clock
 from .engine import GenConfig, Sequence, SpecEngine, decode, generate, prefill
 
 
@@ -169,7 +170,6 @@ def run_forward(cfg, cell, target, draft, plist, tok):
     """Timed forward passes: `batch` sequences with `context` cached tokens each append k+1 tokens.
 
     One row per (model, repeat): seconds for that single forward, synchronized, after warm-up."""
-    from .engine import _sync
     from .kv import KVState
 
     device = next(target.parameters()).device
@@ -188,11 +188,9 @@ def run_forward(cfg, cell, target, draft, plist, tok):
         valid = torch.ones(bs, q, dtype=torch.bool, device=device)
         warm, reps = cfg.get("timing", {}).get("warmup_forwards", 1), cfg.get("timing", {}).get("repeats", 3)
         for rep in range(-warm, reps):
-            _sync(device)
-            t = time.perf_counter()
+            t = clock(device)
             kv.forward(toks, valid)
-            _sync(device)
-            dt = time.perf_counter() - t
+            dt = clock(device) - t
             kv.invalidate(kv.slots - q, torch.zeros(bs, dtype=torch.long, device=device), q)
             kv.compact()
             if rep >= 0:
@@ -201,12 +199,42 @@ def run_forward(cfg, cell, target, draft, plist, tok):
     return rows
 
 
+ASSISTANT_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+
+
+def hf_generate(target, assistant, group: list[list[int]], k: int, max_new: int, pad: int) -> list[list[int]]:
+    """transformers' greedy `generate` on left-padded prompts, with `assistant` (assisted generation, exactly
+    k draft tokens per round) or without (assistant None). Returns the new tokens per sequence.
+
+    The assistant reads its settings from its own generation_config, not from generate's kwargs (the
+    candidate generator copies assistant_model.generation_config), so they are set there for the call and
+    restored after it: k tokens, a constant schedule, no confidence-based early stop."""
+    device = next(target.parameters()).device
+    width = max(len(p) for p in group)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in group], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group], device=device)
+    extra, saved = {}, {}
+    if assistant is not None:
+        gc = assistant.generation_config
+        saved = {a: getattr(gc, a, None) for a in ASSISTANT_SETTINGS}
+        gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = \
+            k, "constant", 0.0
+        extra = {"assistant_model": assistant}
+    try:
+        out = target.generate(ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new,
+                              do_sample=False, pad_token_id=pad, **extra)
+    finally:
+        for a, v in saved.items():
+            setattr(assistant.generation_config, a, v)
+    return out[:, width:].tolist()
+
+
 def run_hf(cfg, cell, target, draft, plist, tok):
     """Our engine vs HF `generate` (k=0) or HF assisted generation (k>0, batch 1), same prompts and k.
 
     One row per (impl, repeat, batch_idx): seconds for the whole generate call (prefill included),
-    and whether the greedy outputs agree token for token."""
-    from .engine import _sync
+    and whether the greedy outputs agree token for token. The two run back to back on each batch, the
+    order alternating from batch to batch so neither always runs first."""
 
     gen = gen_config(cfg, cell, seed=cfg.get("seed", 0))
     bs, k = cell["batch"], cell["k"]
@@ -220,16 +248,7 @@ def run_hf(cfg, cell, target, draft, plist, tok):
         return [s.generated for s in eng.seqs]
 
     def hf(group):
-        width = max(len(p) for p in group)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in group], device=device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group], device=device)
-        extra = {}
-        if k > 0:
-            extra = {"assistant_model": draft, "num_assistant_tokens": k,
-                     "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
-        out = target.generate(ids, attention_mask=mask, max_new_tokens=gen.max_new_tokens,
-                              min_new_tokens=gen.max_new_tokens, do_sample=False, pad_token_id=pad, **extra)
-        return out[:, width:].tolist()
+        return hf_generate(target, draft if k > 0 else None, group, k, gen.max_new_tokens, pad)
 
     for fn in (ours, hf):  # warm-up
         fn(chosen[:bs])
@@ -238,13 +257,12 @@ def run_hf(cfg, cell, target, draft, plist, tok):
         for bi, start in enumerate(range(0, n_req, bs)):
             group = chosen[start:start + bs]
             outs = {}
-            for name, fn in (("ours", ours), ("hf", hf)):
-                _sync(device)
-                t = time.perf_counter()
+            pair = (("ours", ours), ("hf", hf))
+            for name, fn in (pair if (rep + bi) % 2 == 0 else pair[::-1]):  # alternate who goes first
+                t = clock(device)
                 outs[name] = fn(group)
-                _sync(device)
                 rows.append({"impl": name, "repeat": rep, "batch_idx": bi, "size": len(group),
-                             "seconds": time.perf_counter() - t,
+                             "seconds": clock(device) - t,
                              "new_tokens": sum(len(o) for o in outs[name])})
             same = [a == b[: len(a)] for a, b in zip(outs["ours"], outs["hf"])]
             rows[-1]["same_output"] = rows[-2]["same_output"] = float(sum(same)) / len(same)

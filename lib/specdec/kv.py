@@ -119,3 +119,16 @@ class KVState:
             mine.keys = torch.cat([mine.keys, theirs.keys], dim=0)
             mine.values = torch.cat([mine.values, theirs.values], dim=0)
         self.mask = torch.cat([self.mask, other.mask], dim=0)
+
+
+@torch.no_grad()
+def prefill(model, prompts: list[list[int]], pad: int, device) -> tuple[KVState, torch.Tensor]:
+    """A new cache holding `prompts` (left-padded to one width) and the logits after each prompt (b, vocab)."""
+    kv = KVState(model)
+    width = max(len(p) for p in prompts)
+    toks = torch.full((len(prompts), width), pad, dtype=torch.long, device=device)
+    valid = torch.zeros(len(prompts), width, dtype=torch.bool, device=device)
+    for i, p in enumerate(prompts):
+        toks[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        valid[i, width - len(p):] = True
+    return kv, kv.forward(toks, valid, last_only=True)[:, -1]
