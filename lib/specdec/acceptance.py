@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import rawdata
+from . import tables
 from .errors import SpecdecError
 
 
@@ -97,7 +97,7 @@ def load_traces(profile: str, pair: str | None = None, proposer: str = "draft", 
     (if given) the pair. Returns (traces, where they came from); none anywhere is a one-line error."""
     for study in studies:
         try:
-            steps = rawdata.load(study, profile, "steps", warn=lambda _m: None)
+            steps = tables.load(profile, study, "steps")
         except SpecdecError:
             continue
         keep = (steps["proposer"] == proposer) & (steps["k"] > 0) & np.isclose(steps["temperature"], temperature)

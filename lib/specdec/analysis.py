@@ -1,129 +1,59 @@
-"""Tidy tables from the raw runs: throughput, speedup, latency, acceptance, break-even, overheads.
+"""Results with confidence intervals from the processed tables: throughput, speedup, latency, acceptance,
+break-even, overheads.
 
-Every public function takes `gpu` (a hardware profile name: "cpu", "fixture", "h100", ...), reads
-data/raw/<gpu>/<study>/ through `rawdata.load`, and returns a pandas DataFrame with one row per cell (or per
-cell x group). Missing data is a one-line `SpecdecError`.
+Every public function takes `gpu` (a hardware profile name: "cpu", "fixture", "h100", ...), reads the
+study's processed tables (tables.py: one schema for both engines, the study's current config only) and
+returns a pandas DataFrame with one row per cell (or per cell x group). Missing data is a one-line
+`SpecdecError`. Nothing here reads data/raw or knows an engine.
 
 Conventions
   * Cell keys: mode, batch, k, proposer, temperature, alpha, quant, rate, context, requests (see config.py);
     `alpha`, `rate`, `context`, `requests` are floats (NaN = not set).
-  * Runs without step traces (engine "vllm") still give throughput/speedup (batches table; their decode_s
-    includes prefill on both sides of the ratio) and aggregate acceptance from acceptance.json.
-  * Only runs of the study's *current* config (the hash suffix of the run id) are used when there are any;
-    runs of older configs are reported on stderr and ignored.
   * 95% confidence intervals are percentile bootstraps with N_BOOT resamples and a fixed seed derived from
     SEED and the cell, so every number is reproducible. Resampling units are stated per function; a cell
     with fewer than two units gets NaN bounds (an interval cannot be estimated from one unit).
+  * Bootstrap replicates are values: functions that compute an interval take `replicates=True` to return
+    them in a `replicates` column (one array of N_BOOT per row), so claims and ratios across tables combine
+    replicates instead of recomputing them.
   * Speedup of a cell = its decode throughput / the decode throughput of the k=0 cell (proposer "none") at
     the same batch size, quant and mode (same temperature and `requests` when there is one). Baseline cells
     have speedup exactly 1.
+  * Acceptance follows the one definition of tables.py (a position the proposer left empty is a rejection).
 """
 from __future__ import annotations
 
-import json
+import functools
 import math
-import sys
 import zlib
-from functools import lru_cache
 
 import numpy as np
 import pandas as pd
 
 from . import config as cfgmod
-from . import paths, rawdata
+from . import tables
 from .errors import SpecdecError
 
 N_BOOT = 2000
 SEED = 11580  # fixed; combined with a hash of the cell so results do not depend on processing order
 CI = (2.5, 97.5)
-CELL_KEYS = ["mode", "batch", "k", "proposer", "temperature", "alpha", "quant", "rate", "context", "requests"]
-RUN_KEYS = ["profile", "engine", "pair", "run_id"]
-
-_warned: set[str] = set()
-
-
-def _warn(msg: str) -> None:
-    if msg not in _warned:
-        _warned.add(msg)
-        print(f"warning: {msg}", file=sys.stderr)
+CELL_KEYS = tables.CELL_KEYS
+RUN_KEYS = tables.RUN_KEYS
 
 
 # -- loading ---------------------------------------------------------------------------------------------
-def _signature(study: str, gpu: str) -> tuple:
-    complete, partial = rawdata.scan(gpu, study)
-    sig = []
-    for folder in complete:
-        try:
-            sig.append((folder.name, (folder / "meta.json").stat().st_mtime_ns))
-        except OSError:
-            pass
-    for folder in partial:
-        _warn(f"skipping partial run {folder} (no complete meta.json)")
-    return tuple(sig)
-
-
-def _where(gpu: str, study: str) -> str:
-    folder = paths.raw_root() / gpu / study
-    try:
-        return str(folder.relative_to(paths.root()))
-    except ValueError:
-        return str(folder)
-
-
-@lru_cache(maxsize=64)
-def _load_cached(study: str, gpu: str, table: str, sig: tuple) -> pd.DataFrame:
-    if not sig:
-        raise SpecdecError(f"no complete raw runs of study '{study}' for profile '{gpu}' in "
-                           f"{_where(gpu, study)} (measure first: python -m specdec measure --study {study} "
-                           f"--gpu {gpu})")
-    try:
-        df = rawdata.load(study, gpu, table, warn=lambda m: _warn(m) if "older config" in m else None)
-    except SpecdecError:
-        engines = sorted({(rawdata.read_meta(paths.raw_root() / gpu / study / name) or {}).get("engine", "torch")
-                          for name, _ in sig})
-        why = " (vLLM runs record no per-step traces)" if "vllm" in engines and table == "steps" else ""
-        raise SpecdecError(f"the runs of study '{study}' on profile '{gpu}' have no '{table}' table"
-                           f"{why}") from None
-    for key in ("alpha", "rate", "context", "requests"):
-        df[key] = pd.to_numeric(df[key], errors="coerce").astype(float) if key in df else np.nan
-    for key in ("mode", "proposer", "quant", "profile", "engine", "run_id", "pair"):
-        if key in df:
-            df[key] = df[key].astype(object).where(df[key].notna(), None)
-    df["mode"] = df["mode"].fillna("static")
-    df["quant"] = df["quant"].fillna("none")
-    df["temperature"] = pd.to_numeric(df["temperature"], errors="coerce").astype(float)
-    return df.reset_index(drop=True)
-
-
 def load(study: str, gpu: str, table: str = "requests") -> pd.DataFrame:
-    """One raw table of a study on a profile (see rawdata.load), normalised; SpecdecError when missing."""
-    if not gpu:
-        raise SpecdecError("no hardware profile given (gpu=...), e.g. 'cpu' or 'fixture'")
-    if study not in cfgmod.study_names():
-        raise SpecdecError(f"unknown study '{study}'; known: {', '.join(cfgmod.study_names())}")
-    if table not in rawdata.TABLES:
-        raise SpecdecError(f"unknown raw table '{table}'; known: {', '.join(rawdata.TABLES)}")
-    return _load_cached(study, gpu, table, _signature(study, gpu)).copy()
+    """One processed table of a study on a profile (tables.load); SpecdecError when missing."""
+    return tables.load(gpu, study, table)
 
 
 def runs(gpu: str, study: str) -> pd.DataFrame:
     """One row per complete run (cell) of a study: profile, engine, pair, run_id and the cell keys."""
-    if not _signature(study, gpu):
-        load(study, gpu)  # raises the standard message
-    rows = []
-    for _, meta in rawdata.current_runs(study, gpu, warn=lambda m: None):
-        rows.append({"profile": meta["profile"], "engine": meta.get("engine", "torch"),
-                     "pair": meta["config"].get("pair"), "run_id": meta["run_id"], **meta["cell"]})
-    df = pd.DataFrame(rows)
-    for key in ("alpha", "rate", "context", "requests"):
-        df[key] = pd.to_numeric(df[key], errors="coerce").astype(float) if key in df else np.nan
-    return df
+    return tables.runs(gpu, study)
 
 
 def profiles(study: str | None = None) -> list[str]:
     """Profiles that have at least one complete run (of `study`, if given) under data/raw."""
-    complete, _ = rawdata.scan(None, study)
-    return sorted({f.parent.parent.name for f in complete})
+    return tables.profiles(study)
 
 
 def safe(fn, *args, **kwargs) -> tuple[pd.DataFrame, str]:
@@ -138,6 +68,15 @@ def _require(df: pd.DataFrame, cols, what: str) -> None:
     missing = [c for c in cols if c not in df.columns]
     if missing:
         raise SpecdecError(f"{what} lacks column(s) {', '.join(missing)}")
+
+
+def _replicates(fn):
+    """fn(..., replicates=False): drop the `replicates` column unless asked for it."""
+    @functools.wraps(fn)
+    def wrapper(*args, replicates: bool = False, **kwargs):
+        df = fn(*args, **kwargs)
+        return df if replicates or "replicates" not in df else df.drop(columns="replicates")
+    return wrapper
 
 
 # -- bootstrap helpers -----------------------------------------------------------------------------------
@@ -185,7 +124,13 @@ def _cell(row) -> dict:
 
 
 # -- throughput and speedup (static batches) -------------------------------------------------------------
-def _throughput(gpu: str, study: str) -> tuple[pd.DataFrame, dict]:
+@_replicates
+def throughput(gpu: str, study: str = "batch") -> pd.DataFrame:
+    """Decode throughput per static cell, in generated tokens per second (all sequences of the batch).
+
+    Columns: run keys, cell keys, n_units (timed batches), decode_tokens, decode_s (seconds),
+    tokens_per_seq_step (decode tokens per sequence per engine step), throughput_tok_s = sum decode_tokens /
+    sum decode_s, tp_ci_lo/tp_ci_hi (95% bootstrap over batches x repeats)."""
     b = load(study, gpu, "batches")
     if b.empty or "decode_s" not in b:
         raise SpecdecError(f"study '{study}' on profile '{gpu}' has no static batches")
@@ -193,7 +138,7 @@ def _throughput(gpu: str, study: str) -> tuple[pd.DataFrame, dict]:
     b = b[(b["mode"] == "static") & b["decode_s"].notna()]
     if b.empty:
         raise SpecdecError(f"study '{study}' on profile '{gpu}' has no static-batching cells")
-    rows, reps = [], {}
+    rows = []
     for run_id, g in b.groupby("run_id", sort=False):
         est, r = _ratio(g["decode_tokens"], g["decode_s"], "tp", gpu, study, run_id)
         lo, hi = ci(r)
@@ -202,19 +147,9 @@ def _throughput(gpu: str, study: str) -> tuple[pd.DataFrame, dict]:
         rows.append({**_cell(g.iloc[0]), "n_units": len(g), "decode_tokens": int(g["decode_tokens"].sum()),
                      "decode_s": float(g["decode_s"].sum()), "tokens_per_seq_step":
                      float(g["decode_tokens"].sum() / (g["steps"] * g["size"]).sum()) if steps and size else np.nan,
-                     "throughput_tok_s": est, "tp_ci_lo": lo, "tp_ci_hi": hi})
-        reps[run_id] = r
+                     "throughput_tok_s": est, "tp_ci_lo": lo, "tp_ci_hi": hi, "replicates": r})
     df = pd.DataFrame(rows).sort_values(["quant", "batch", "k", "proposer", "alpha"], na_position="first")
-    return df.reset_index(drop=True), reps
-
-
-def throughput(gpu: str, study: str = "batch") -> pd.DataFrame:
-    """Decode throughput per static cell, in generated tokens per second (all sequences of the batch).
-
-    Columns: run keys, cell keys, n_units (timed batches), decode_tokens, decode_s (seconds),
-    tokens_per_seq_step (decode tokens per sequence per engine step), throughput_tok_s = sum decode_tokens /
-    sum decode_s, tp_ci_lo/tp_ci_hi (95% bootstrap over batches x repeats)."""
-    return _throughput(gpu, study)[0]
+    return df.reset_index(drop=True)
 
 
 def _baseline_for(row, base: pd.DataFrame):
@@ -226,39 +161,35 @@ def _baseline_for(row, base: pd.DataFrame):
     return None if cand.empty else cand.iloc[0]
 
 
-def _speedup(gpu: str, study: str) -> tuple[pd.DataFrame, dict]:
-    tp, reps = _throughput(gpu, study)
-    base = tp[tp["k"] == 0]
-    rows, sreps = [], {}
-    for _, row in tp.iterrows():
-        b = _baseline_for(row, base)
-        out = row.to_dict()
-        if b is None:
-            out.update(baseline_run=None, baseline_tok_s=np.nan, speedup=np.nan, ci_lo=np.nan, ci_hi=np.nan,
-                       note=f"no k=0 baseline at batch {row['batch']}, quant {row['quant']}")
-            sreps[row["run_id"]] = _nan_reps()
-        elif b["run_id"] == row["run_id"]:
-            out.update(baseline_run=b["run_id"], baseline_tok_s=b["throughput_tok_s"], speedup=1.0, ci_lo=1.0,
-                       ci_hi=1.0, note="baseline")
-            sreps[row["run_id"]] = np.ones(N_BOOT)
-        else:
-            r = reps[row["run_id"]] / reps[b["run_id"]]
-            lo, hi = ci(r)
-            out.update(baseline_run=b["run_id"], baseline_tok_s=b["throughput_tok_s"],
-                       speedup=row["throughput_tok_s"] / b["throughput_tok_s"], ci_lo=lo, ci_hi=hi,
-                       note="" if not np.isnan(lo) else "CI needs >= 2 timed batches in cell and baseline")
-            sreps[row["run_id"]] = r
-        rows.append(out)
-    return pd.DataFrame(rows), sreps
-
-
+@_replicates
 def speedup(gpu: str, study: str = "batch") -> pd.DataFrame:
     """Speedup of every static cell over the no-SD baseline (k=0) at the same batch, quant and mode.
 
     Columns: the throughput() columns plus baseline_run, baseline_tok_s (tokens/s), speedup (ratio,
     dimensionless), ci_lo/ci_hi (95% bootstrap: batches of the cell and of the baseline resampled
     independently), note. Baseline rows have speedup exactly 1 and CI [1, 1]."""
-    return _speedup(gpu, study)[0]
+    tp = throughput(gpu, study, replicates=True)
+    base = tp[tp["k"] == 0]
+    rows = []
+    for _, row in tp.iterrows():
+        b = _baseline_for(row, base)
+        out = row.to_dict()
+        if b is None:
+            out.update(baseline_run=None, baseline_tok_s=np.nan, speedup=np.nan, ci_lo=np.nan, ci_hi=np.nan,
+                       note=f"no k=0 baseline at batch {row['batch']}, quant {row['quant']}", replicates=_nan_reps())
+        elif b["run_id"] == row["run_id"]:
+            out.update(baseline_run=b["run_id"], baseline_tok_s=b["throughput_tok_s"], speedup=1.0, ci_lo=1.0,
+                       ci_hi=1.0, note="baseline", replicates=np.ones(N_BOOT))
+        else:
+            r = row["replicates"] / b["replicates"]
+            lo, hi = ci(r)
+            out.update(baseline_run=b["run_id"], baseline_tok_s=b["throughput_tok_s"],
+                       speedup=row["throughput_tok_s"] / b["throughput_tok_s"], ci_lo=lo, ci_hi=hi,
+                       note="" if not np.isnan(lo) else "CI needs >= 2 timed batches in cell and baseline",
+                       replicates=r)
+        rows.append(out)
+    df = pd.DataFrame(rows)
+    return df[[c for c in df.columns if c != "replicates"] + ["replicates"]]
 
 
 # -- continuous batching (Poisson arrivals) --------------------------------------------------------------
@@ -295,11 +226,18 @@ def latency(gpu: str, study: str = "alternatives") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _serving(gpu: str, study: str) -> tuple[pd.DataFrame, dict]:
+@_replicates
+def serving_throughput(gpu: str, study: str = "alternatives") -> pd.DataFrame:
+    """Throughput of each poisson (continuous batching) cell.
+
+    Columns: cell keys, n_requests, n_steps, new_tokens, makespan_s (last finish - first arrival, seconds,
+    summed over repeats), e2e_throughput_tok_s = new_tokens / makespan_s (bounded by the arrival rate),
+    busy_s (seconds spent in engine steps), mean_active (sequences per step), throughput_tok_s = decode
+    tokens / busy_s (comparable with static decode throughput), tp_ci_lo/tp_ci_hi (95% bootstrap over steps)."""
     r = _poisson_requests(gpu, study)
     s = load(study, gpu, "steps")
     s = s[s["mode"] == "poisson"]
-    rows, reps = [], {}
+    rows = []
     for run_id, g in r.groupby("run_id", sort=False):
         st = s[s["run_id"] == run_id]
         makespan = sum(gg["finish_s"].max() - gg["arrival_s"].min() for _, gg in g.groupby("repeat"))
@@ -312,178 +250,116 @@ def _serving(gpu: str, study: str) -> tuple[pd.DataFrame, dict]:
         step_tok = step_tok * (decode_tokens / step_tok.sum()) if step_tok.sum() > 0 else step_tok
         est, rp = _ratio(step_tok, busy, "serve", gpu, study, run_id)
         lo, hi = ci(rp)
-        reps[run_id] = rp
         rows.append({**_cell(g.iloc[0]), "n_requests": len(g), "n_steps": len(st),
                      "new_tokens": int(g["new_tokens"].sum()), "makespan_s": float(makespan),
                      "e2e_throughput_tok_s": float(g["new_tokens"].sum() / makespan) if makespan > 0 else np.nan,
                      "busy_s": float(busy.sum()), "mean_active": float(act.mean()) if len(act) else np.nan,
-                     "throughput_tok_s": est, "tp_ci_lo": lo, "tp_ci_hi": hi})
-    return pd.DataFrame(rows), reps
+                     "throughput_tok_s": est, "tp_ci_lo": lo, "tp_ci_hi": hi, "replicates": rp})
+    return pd.DataFrame(rows)
 
 
-def serving_throughput(gpu: str, study: str = "alternatives") -> pd.DataFrame:
-    """Throughput of each poisson (continuous batching) cell.
-
-    Columns: cell keys, n_requests, n_steps, new_tokens, makespan_s (last finish - first arrival, seconds,
-    summed over repeats), e2e_throughput_tok_s = new_tokens / makespan_s (bounded by the arrival rate),
-    busy_s (seconds spent in engine steps), mean_active (sequences per step), throughput_tok_s = decode
-    tokens / busy_s (comparable with static decode throughput), tp_ci_lo/tp_ci_hi (95% bootstrap over steps)."""
-    return _serving(gpu, study)[0]
+# -- acceptance (tables: lengths, positions) -------------------------------------------------------------
+ACC_GROUP = ["profile", "engine", "pair", "proposer", "temperature", "k", "batch", "alpha", "quant", "mode",
+             "prompt_set"]
+UNIT = ["run_id", "repeat", "batch_idx", "rid"]
 
 
-# -- acceptance traces ------------------------------------------------------------------------------------
-def _entries(gpu: str, study: str, synthetic: bool | None = False) -> pd.DataFrame:
-    """Active (sequence, step) entries of speculative cells: accepted/proposed per entry, joined to requests.
-
-    synthetic: False = real acceptance only (alpha unset), True = synthetic only, None = both."""
-    s = load(study, gpu, "steps")
-    s = s[(s["k"] > 0) & (s["mode"] != "forward")]
-    if synthetic is not None:
-        s = s[s["alpha"].notna() == synthetic]
-    if s.empty:
+def _acceptance(gpu: str, study: str, name: str, synthetic: bool | None) -> pd.DataFrame:
+    """The lengths or positions table, real acceptance only (synthetic False), synthetic only (True) or both."""
+    df = load(study, gpu, name) if _has(gpu, study, name) else pd.DataFrame()
+    if len(df) and synthetic is not None:
+        df = df[df["alpha"].notna() == synthetic]
+    if df.empty:
         kind = {False: "real-acceptance ", True: "synthetic-acceptance ", None: ""}[synthetic]
         raise SpecdecError(f"study '{study}' on profile '{gpu}' has no {kind}speculative cells (k > 0)")
-    keep = ["run_id", "repeat", "batch_idx", "step", "accepted", "proposed", "active", "rids"]
-    e = s[keep + [c for c in RUN_KEYS + CELL_KEYS if c not in keep]].explode(
-        ["accepted", "proposed", "active", "rids"])
-    e = e[e["active"].astype(bool)].copy()
-    e["accepted"] = e["accepted"].astype(int)
-    e["proposed"] = e["proposed"].astype(int)
-    e["rid"] = e["rids"].astype(int)
-    e = e.drop(columns=["rids", "active"])
-    r = load(study, gpu, "requests")[["run_id", "repeat", "batch_idx", "rid", "prompt_set", "prompt_idx"]]
-    e = e.merge(r, on=["run_id", "repeat", "batch_idx", "rid"], how="left")
-    e["prompt_set"] = e["prompt_set"].astype(object).fillna("unknown")
-    return e.reset_index(drop=True)
-
-
-def _position_matrices(e: pd.DataFrame, kmax: int):
-    """Per entry: reached[i], accepted[i] for positions 1..kmax (bool arrays, entries x kmax)."""
-    pos = np.arange(1, kmax + 1)[None, :]
-    n = e["accepted"].to_numpy()[:, None]
-    p = e["proposed"].to_numpy()[:, None]
-    reached = (p >= pos) & (n >= pos - 1)
-    acc = n >= pos
-    return reached, acc
-
-
-def _per_request(e: pd.DataFrame, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sum rows of arr per request; returns (request codes per entry, sums (n_requests, ...))."""
-    codes = e.groupby(["run_id", "repeat", "batch_idx", "rid"], sort=False).ngroup().to_numpy()
-    out = np.zeros((codes.max() + 1,) + arr.shape[1:])
-    np.add.at(out, codes, arr)
-    return codes, out
-
-
-def _engine_counters(gpu: str, study: str) -> pd.DataFrame:
-    """Aggregate acceptance counters of runs without step traces (vLLM writes acceptance.json per run):
-    one row per speculative run with drafts, draft_tokens, accepted and per_pos (accepted at position i)."""
-    metas = [(f, m) for f, m in rawdata.current_runs(study, gpu, warn=lambda m: None)
-             if (f / "acceptance.json").exists()]
-    rows = []
-    for folder, meta in metas:
-        try:
-            data = json.loads((folder / "acceptance.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            _warn(f"unreadable {folder / 'acceptance.json'}")
-            continue
-        if (folder / "steps.parquet").exists() or not data.get("num_drafts") or meta["cell"].get("k", 0) == 0:
-            continue
-        rows.append({"profile": meta["profile"], "engine": meta.get("engine", "vllm"),
-                     "pair": meta["config"].get("pair"), "run_id": meta["run_id"],
-                     **{k: meta["cell"].get(k) for k in CELL_KEYS}, "drafts": int(data["num_drafts"]),
-                     "draft_tokens": int(data["num_draft_tokens"]), "accepted": int(data["num_accepted_tokens"]),
-                     "per_pos": [int(x) for x in data.get("num_accepted_tokens_per_pos", [])]})
-    df = pd.DataFrame(rows)
-    if len(df):
-        for key in ("alpha", "rate", "context", "requests", "temperature"):
-            df[key] = pd.to_numeric(df[key], errors="coerce").astype(float)
-        df["prompt_set"] = "all"
     return df
 
 
-ACC_GROUP = ["profile", "engine", "pair", "proposer", "temperature", "k", "batch", "alpha", "quant", "mode",
-             "prompt_set"]
-
-
-def _counters_and_entries(gpu: str, study: str, synthetic, with_counters: bool = True):
-    """(vLLM acceptance.json counters, per-sequence step entries or None): either may be missing, not both."""
-    eng = _engine_counters(gpu, study) if with_counters else pd.DataFrame()
+def _has(gpu: str, study: str, name: str) -> bool:
     try:
-        return eng, _entries(gpu, study, synthetic)
-    except SpecdecError:
-        if eng.empty:
+        load(study, gpu, name)
+        return True
+    except SpecdecError as e:
+        if "no complete raw runs" in str(e):
             raise
-        return eng, None
+        return False
 
 
+def _units(df: pd.DataFrame) -> np.ndarray:
+    """An integer code per acceptance unit (a request; a whole run for aggregate counters)."""
+    return df.groupby(UNIT, dropna=False, sort=False).ngroup().to_numpy()
+
+
+def _unit_sums(df: pd.DataFrame, codes: np.ndarray, cols: list[str]) -> np.ndarray:
+    out = np.zeros((codes.max() + 1, len(cols)))
+    np.add.at(out, codes, df[cols].to_numpy(float))
+    return out
+
+
+@_replicates
 def position_acceptance(gpu: str, study: str = "acceptance", synthetic: bool | None = False) -> pd.DataFrame:
-    """P(accept position i | position i reached) per proposer, temperature, k, batch and prompt set.
+    """P(accept position i | position i tried) per proposer, temperature, k, batch and prompt set.
 
-    One row per group x position (1..k): reached (count of active sequence-steps that got to position i),
-    accepted (count accepted there), p_accept = accepted / reached (probability), ci_lo/ci_hi (95% bootstrap
-    over requests). Real acceptance only by default (synthetic=True: the i.i.d. alpha cells).
-    Runs without step traces (vLLM) contribute rows from their acceptance.json counters: prompt_set "all",
-    reached at i = accepted at i-1 (drafts at i = 1, assuming every draft proposes k tokens), no CI."""
-    eng, e = _counters_and_entries(gpu, study, synthetic, with_counters=synthetic is not True)
+    One row per group x position (1..k): n_requests (acceptance units: requests, or whole runs for
+    aggregate counters), tried (steps that got to position i: the first i-1 draft tokens accepted),
+    accepted (steps that accepted position i too), proposed (tried steps that held a real token there; NaN
+    where unknown), p_accept = accepted / tried (probability), ci_lo/ci_hi (95% bootstrap over units).
+    Real acceptance only by default (synthetic=True: the i.i.d. alpha cells)."""
+    pos = _acceptance(gpu, study, "positions", synthetic)
     rows = []
-    for _, r in eng.iterrows():
-        reached = [r["drafts"]] + r["per_pos"][:-1]
-        for i, (n_r, n_a) in enumerate(zip(reached, r["per_pos"])):
-            rows.append({**{k: r[k] for k in ACC_GROUP}, "position": i + 1, "n_requests": np.nan,
-                         "reached": int(n_r), "accepted": int(n_a), "p_accept": n_a / n_r if n_r else np.nan,
-                         "ci_lo": np.nan, "ci_hi": np.nan})
-    for keys, g in (e.groupby(ACC_GROUP, dropna=False, sort=True) if e is not None else []):
-        kmax = int(max(g["proposed"].max(), g["k"].max()))
-        reached, acc = _position_matrices(g, kmax)
-        _, both = _per_request(g, np.concatenate([reached, acc], axis=1).astype(float))
-        R, A = both[:, :kmax], both[:, kmax:]
-        w = _weights(len(R), "pos", gpu, study, keys)
+    for keys, g in pos.groupby(ACC_GROUP, dropna=False, sort=True):
+        codes = _units(g)
+        kmax = int(g["position"].max())
+        T, A = np.zeros((codes.max() + 1, kmax)), np.zeros((codes.max() + 1, kmax))
+        np.add.at(T, (codes, g["position"].to_numpy() - 1), g["tried"].to_numpy(float))
+        np.add.at(A, (codes, g["position"].to_numpy() - 1), g["accepted"].to_numpy(float))
+        w = _weights(len(T), "pos", gpu, study, keys)
         with np.errstate(divide="ignore", invalid="ignore"):
-            reps = (w @ A) / (w @ R) if w is not None else None
+            reps = (w @ A) / (w @ T) if w is not None else None
+        proposed = g.groupby("position")["proposed"].sum(min_count=1)
         for i in range(kmax):
-            lo, hi = ci(reps[:, i]) if reps is not None else (np.nan, np.nan)
-            rows.append({**dict(zip(ACC_GROUP, keys)), "position": i + 1, "n_requests": len(R),
-                         "reached": int(R[:, i].sum()), "accepted": int(A[:, i].sum()),
-                         "p_accept": A[:, i].sum() / R[:, i].sum() if R[:, i].sum() else np.nan,
-                         "ci_lo": lo, "ci_hi": hi})
+            r = reps[:, i] if reps is not None else _nan_reps()
+            lo, hi = ci(r)
+            rows.append({**dict(zip(ACC_GROUP, keys)), "position": i + 1, "n_requests": len(T),
+                         "tried": int(T[:, i].sum()), "accepted": int(A[:, i].sum()),
+                         "proposed": float(proposed.get(i + 1, np.nan)),
+                         "p_accept": A[:, i].sum() / T[:, i].sum() if T[:, i].sum() else np.nan,
+                         "ci_lo": lo, "ci_hi": hi, "replicates": r})
     return pd.DataFrame(rows)
 
 
 def request_acceptance(gpu: str, study: str = "acceptance", synthetic: bool | None = False) -> pd.DataFrame:
-    """Acceptance of each request (active entries of the steps it took part in).
+    """Acceptance of each unit (a request; a whole run for aggregate counters, rid NaN).
 
     Columns: group keys (proposer, temperature, k, batch, prompt_set, ...), run_id, repeat, batch_idx, rid,
-    prompt_idx, steps (sequence-steps), proposed, accepted (token counts), acceptance_rate = accepted /
-    proposed, alpha_measured = accepted positions / reached positions (per-token acceptance probability;
-    the cell key `alpha` is the forced synthetic acceptance, NaN for real traces),
-    tokens_per_step = (accepted + steps) / steps."""
-    e = _entries(gpu, study, synthetic)
-    kmax = int(max(e["proposed"].max(), e["k"].max()))
-    reached, _ = _position_matrices(e, kmax)
-    e = e.assign(reached=reached.sum(1), steps=1)
-    keys = ACC_GROUP + ["run_id", "repeat", "batch_idx", "rid", "prompt_idx"]
-    out = e.groupby(keys, dropna=False, sort=True)[["steps", "proposed", "accepted", "reached"]].sum().reset_index()
+    prompt_idx, steps (steps the request took part in), tried (tried positions), proposed (real draft
+    tokens), accepted (accepted draft tokens), acceptance_rate = accepted / proposed, alpha_measured =
+    accepted / tried (per-token acceptance probability; the cell key `alpha` is the forced synthetic
+    acceptance, NaN for real traces), tokens_per_step = (accepted + steps) / steps."""
+    pos = _acceptance(gpu, study, "positions", synthetic)
+    keys = ACC_GROUP + UNIT + ["prompt_idx"]
+    first = pos[pos["position"] == 1].groupby(keys, dropna=False, sort=True)["tried"].sum().rename("steps")
+    out = pos.groupby(keys, dropna=False, sort=True)[["tried", "proposed", "accepted"]].sum(min_count=1)
+    out = out.join(first).reset_index()
     with np.errstate(divide="ignore", invalid="ignore"):
         out["acceptance_rate"] = out["accepted"] / out["proposed"]
-        out["alpha_measured"] = np.where(out["reached"] > 0, out["accepted"] / out["reached"], np.nan)
+        out["alpha_measured"] = np.where(out["tried"] > 0, out["accepted"] / out["tried"], np.nan)
     out["tokens_per_step"] = (out["accepted"] + out["steps"]) / out["steps"]
     return out
 
 
 def acceptance_summary(gpu: str, study: str = "acceptance", synthetic: bool | None = False) -> pd.DataFrame:
-    """Acceptance per proposer, temperature, k, batch and prompt set, with 95% bootstrap CIs over requests.
+    """Acceptance per proposer, temperature, k, batch and prompt set, with 95% bootstrap CIs over units.
 
-    Columns: group keys, n_requests, alpha_measured (pooled P(accept | reached), probability) with
-    alpha_ci_lo/hi,
-    acceptance_rate (accepted / proposed tokens) with rate_ci_lo/hi, tokens_per_step (mean tokens a
-    sequence gains per step) with tps_ci_lo/hi."""
+    Columns: group keys, n_requests, alpha_measured (pooled P(accept | tried), probability) with
+    alpha_ci_lo/hi, acceptance_rate (accepted / proposed tokens) with rate_ci_lo/hi, tokens_per_step (mean
+    tokens a sequence gains per step) with tps_ci_lo/hi."""
     req = request_acceptance(gpu, study, synthetic)
     rows = []
     for keys, g in req.groupby(ACC_GROUP, dropna=False, sort=True):
         out = dict(zip(ACC_GROUP, keys))
         out["n_requests"] = len(g)
-        for name, num, den in (("alpha", "accepted", "reached"), ("rate", "accepted", "proposed"),
+        for name, num, den in (("alpha", "accepted", "tried"), ("rate", "accepted", "proposed"),
                                ("tps", None, "steps")):
             numv = g["accepted"] + g["steps"] if num is None else g[num]
             est, r = _ratio(numv, g[den], "accsum", gpu, study, keys, name)
@@ -501,51 +377,33 @@ def iid_tokens_per_step(alpha, k):
         return np.where(np.isclose(a, 1.0), k + 1, (1 - a ** (k + 1)) / (1 - a))
 
 
-def _iid_stats(tot: np.ndarray, kmax: int):
-    """(alpha, measured tokens/step, i.i.d.-predicted tokens/step) from summed columns
-    [reached, accepted, tokens, entries, entries with 0..kmax proposals]."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        a = tot[..., 1] / tot[..., 0]
-        meas = tot[..., 2] / tot[..., 3]
-        pred_k = iid_tokens_per_step(np.asarray(a)[..., None], np.arange(kmax + 1))
-        pred = (pred_k * tot[..., 4:]).sum(-1) / tot[..., 3]
-    return a, meas, pred
-
-
 def iid_prediction(gpu: str, study: str = "acceptance") -> pd.DataFrame:
     """Measured tokens/step vs the i.i.d. prediction at the same mean acceptance, per cell x prompt set.
 
-    alpha = pooled P(accept position i | reached i) (for i.i.d. acceptance this is the per-token rate);
-    measured_tps = mean (accepted + 1) over active sequence-steps; predicted_tps = mean over the same
-    entries of (1 - alpha^(k_j+1)) / (1 - alpha) with k_j the tokens actually proposed (n-gram may propose
-    fewer than k); error = measured / predicted - 1 (relative), abs_error = measured - predicted (tokens);
-    CIs are 95% bootstraps over requests. `synthetic` marks the controlled i.i.d. cells (a sanity check).
-    Runs without step traces (vLLM) use their acceptance.json counters (prompt_set "all", no CI)."""
-    eng, e = _counters_and_entries(gpu, study, None)
+    alpha = pooled P(accept position i | tried i) (for i.i.d. acceptance this is the per-token rate);
+    measured_tps = mean (accepted + 1) over steps; predicted_tps = (1 - alpha^(k+1)) / (1 - alpha) at the
+    cell's k (a position the proposer left empty is a rejection, tables.py); error = measured / predicted - 1
+    (relative), abs_error = measured - predicted (tokens); CIs are 95% bootstraps over acceptance units.
+    `synthetic` marks the controlled i.i.d. cells (a sanity check)."""
+    pos = _acceptance(gpu, study, "positions", None)
+    lens = _acceptance(gpu, study, "lengths", None)
+    lens = lens.assign(tokens=(lens["length"] + 1) * lens["count"])
     rows = []
-    for _, r in eng.iterrows():
-        reached = [r["drafts"]] + r["per_pos"][:-1]
-        a = sum(r["per_pos"]) / sum(reached) if sum(reached) else np.nan
-        meas = 1 + r["accepted"] / r["drafts"]
-        pred = float(iid_tokens_per_step(a, r["draft_tokens"] / r["drafts"]))
-        rows.append({**{k: r[k] for k in ACC_GROUP}, "synthetic": False, "n_requests": np.nan,
-                     "alpha_measured": a, "alpha_ci_lo": np.nan, "alpha_ci_hi": np.nan, "measured_tps": meas,
-                     "measured_ci_lo": np.nan, "measured_ci_hi": np.nan, "predicted_tps": pred,
-                     "abs_error": meas - pred, "error": meas / pred - 1, "error_ci_lo": np.nan, "error_ci_hi": np.nan})
-    for keys, g in (e.groupby(ACC_GROUP, dropna=False, sort=True) if e is not None else []):
-        kmax = int(max(g["proposed"].max(), g["k"].max()))
-        reached, acc = _position_matrices(g, kmax)
-        p = g["proposed"].to_numpy()
-        onehot = np.zeros((len(g), kmax + 1))
-        onehot[np.arange(len(g)), p] = 1.0  # entries by proposed count, to predict for any alpha
-        per = np.concatenate([reached.sum(1, keepdims=True), acc.sum(1, keepdims=True),
-                              (g["accepted"].to_numpy() + 1)[:, None], np.ones((len(g), 1)), onehot], axis=1)
-        _, M = _per_request(g, per.astype(float))
+    both = pd.concat([pos.assign(tokens=0.0, count=0.0), lens.assign(tried=0.0, accepted=0.0)], ignore_index=True)
+    for keys, g in both.groupby(ACC_GROUP, dropna=False, sort=True):
+        k = int(keys[ACC_GROUP.index("k")])
+        codes = _units(g)
+        M = _unit_sums(g, codes, ["tried", "accepted", "tokens", "count"])
 
-        a, meas, pred = _iid_stats(M.sum(0), kmax)
+        def stats(tot):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                a = tot[..., 1] / tot[..., 0]
+                return a, tot[..., 2] / tot[..., 3], iid_tokens_per_step(a, k)
+
+        a, meas, pred = stats(M.sum(0))
         w = _weights(len(M), "iid", gpu, study, keys)
         if w is not None:
-            ra, rm, rp = _iid_stats(np.einsum("bn,nc->bc", w, M), kmax)
+            ra, rm, rp = stats(w @ M)
             err_ci, meas_ci, a_ci = ci(rm / rp - 1), ci(rm), ci(ra)
         else:
             err_ci = meas_ci = a_ci = (np.nan, np.nan)
@@ -583,20 +441,27 @@ def synthetic_speedup(gpu: str, study: str = "acceptance") -> pd.DataFrame:
     return sp.reset_index(drop=True)
 
 
-def _break_even(gpu: str, study: str) -> tuple[pd.DataFrame, dict]:
-    sp, reps = _speedup(gpu, study)
+@_replicates
+def break_even(gpu: str, study: str = "acceptance") -> pd.DataFrame:
+    """Break-even acceptance per batch size (and k): the alpha at which SD speedup reaches 1.0.
+
+    From the synthetic-acceptance cells (i.i.d. acceptance forced at alpha, real draft + verify cost):
+    speedup vs alpha is interpolated linearly to 1.0 (last upward crossing). Columns: batch, k, proposer,
+    temperature, quant, alphas (measured grid), speedup_at_min_alpha, speedup_at_max_alpha, break_even
+    (probability in [0, 1], NaN when the curve does not cross 1 inside the grid: see note), ci_lo/ci_hi
+    (95% bootstrap of the whole curve; NaN when open-ended), note."""
+    sp = speedup(gpu, study, replicates=True)
     sp = sp[sp["alpha"].notna() & (sp["k"] > 0)]
     if sp.empty:
         raise SpecdecError(f"study '{study}' on profile '{gpu}' has no synthetic-acceptance (alpha) cells")
     keys = ["profile", "engine", "pair", "batch", "k", "proposer", "temperature", "quant"]
-    rows, breps = [], {}
+    rows = []
     for key, g in sp.groupby(keys, dropna=False, sort=True):
         g = g.sort_values("alpha")
         alphas = g["alpha"].to_numpy(float)
         est = _crossing(alphas, g["speedup"].to_numpy(float))
-        R = np.stack([reps[r] for r in g["run_id"]], axis=1)
+        R = np.stack(list(g["replicates"]), axis=1)
         rb = np.array([_crossing(alphas, row) for row in R])
-        breps[key] = rb
         lo = hi = np.nan
         if not np.isnan(rb).any():
             lo, hi = (float(v) for v in np.percentile(rb, CI, method="inverted_cdf"))
@@ -616,47 +481,36 @@ def _break_even(gpu: str, study: str) -> tuple[pd.DataFrame, dict]:
                      "speedup_at_max_alpha": float(g["speedup"].iloc[-1]),
                      "break_even": est if np.isfinite(est) else np.nan,
                      "ci_lo": lo if np.isfinite(lo) else np.nan, "ci_hi": hi if np.isfinite(hi) else np.nan,
-                     "note": note})
-    return pd.DataFrame(rows), breps
+                     "note": note, "replicates": rb})
+    return pd.DataFrame(rows)
 
 
-def break_even(gpu: str, study: str = "acceptance") -> pd.DataFrame:
-    """Break-even acceptance per batch size (and k): the alpha at which SD speedup reaches 1.0.
-
-    From the synthetic-acceptance cells (i.i.d. acceptance forced at alpha, real draft + verify cost):
-    speedup vs alpha is interpolated linearly to 1.0 (last upward crossing). Columns: batch, k, proposer,
-    temperature, quant, alphas (measured grid), speedup_at_min_alpha, speedup_at_max_alpha, break_even
-    (probability in [0, 1], NaN when the curve does not cross 1 inside the grid: see note), ci_lo/ci_hi
-    (95% bootstrap of the whole curve; NaN when open-ended), note."""
-    return _break_even(gpu, study)[0]
 
 
 # -- draft overhead ----------------------------------------------------------------------------------------
-def _draft_overhead(gpu: str, study: str) -> tuple[pd.DataFrame, dict]:
-    s = load(study, gpu, "steps")
-    s = s[(s["k"] > 0) & (s["mode"] == "static")]
-    if s.empty:
-        raise SpecdecError(f"study '{study}' on profile '{gpu}' has no speculative static cells with step traces")
-    rows, reps = [], {}
-    for run_id, g in s.groupby("run_id", sort=False):
-        tot = g["draft_s"] + g["verify_s"] + g["other_s"]
-        est, r = _ratio(g["draft_s"], tot, "ovh", gpu, study, run_id)
-        lo, hi = ci(r)
-        reps[run_id] = r
-        rows.append({**_cell(g.iloc[0]), "n_steps": len(g), "draft_s": float(g["draft_s"].sum()),
-                     "verify_s": float(g["verify_s"].sum()), "other_s": float(g["other_s"].sum()),
-                     "draft_frac": est, "ci_lo": lo, "ci_hi": hi,
-                     "verify_frac": float(g["verify_s"].sum() / tot.sum())})
-    df = pd.DataFrame(rows).sort_values(["quant", "proposer", "batch", "k", "alpha"], na_position="first")
-    return df.reset_index(drop=True), reps
-
-
+@_replicates
 def draft_overhead(gpu: str, study: str = "batch") -> pd.DataFrame:
     """Share of step time spent proposing, per speculative static cell, from the steps table.
 
     Columns: cell keys, n_steps, draft_s/verify_s/other_s (seconds, summed), draft_frac = draft_s /
     (draft_s + verify_s + other_s) (fraction) with ci_lo/ci_hi (95% bootstrap over steps), verify_frac."""
-    return _draft_overhead(gpu, study)[0]
+    s = load(study, gpu, "steps")
+    s = s[(s["k"] > 0) & (s["mode"] == "static")]
+    if s.empty:
+        raise SpecdecError(f"study '{study}' on profile '{gpu}' has no speculative static cells with step traces")
+    rows = []
+    for run_id, g in s.groupby("run_id", sort=False):
+        tot = g["draft_s"] + g["verify_s"] + g["other_s"]
+        est, r = _ratio(g["draft_s"], tot, "ovh", gpu, study, run_id)
+        lo, hi = ci(r)
+        rows.append({**_cell(g.iloc[0]), "n_steps": len(g), "draft_s": float(g["draft_s"].sum()),
+                     "verify_s": float(g["verify_s"].sum()), "other_s": float(g["other_s"].sum()),
+                     "draft_frac": est, "ci_lo": lo, "ci_hi": hi,
+                     "verify_frac": float(g["verify_s"].sum() / tot.sum()), "replicates": r})
+    df = pd.DataFrame(rows).sort_values(["quant", "proposer", "batch", "k", "alpha"], na_position="first")
+    return df.reset_index(drop=True)
+
+
 
 
 def forward_times(gpu: str, study: str = "hardware") -> pd.DataFrame:
@@ -677,10 +531,15 @@ def forward_times(gpu: str, study: str = "hardware") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _forward_ratio(gpu: str, study: str) -> tuple[pd.DataFrame, dict]:
+@_replicates
+def forward_ratio(gpu: str, study: str = "hardware") -> pd.DataFrame:
+    """Draft forward time / target forward time at the same batch, query and context (hardware study).
+
+    Columns: profile, batch, query (tokens per sequence), context (KV tokens), draft_s, target_s (mean
+    seconds), ratio (dimensionless) with ci_lo/ci_hi (95% bootstrap over repeats, models independent)."""
     f = load(study, gpu, "forwards")
     keys = ["profile", "engine", "pair", "batch", "query", "context"]
-    rows, reps = [], {}
+    rows = []
     for key, g in f.groupby(keys, sort=True):
         d = g.loc[g["model"] == "draft", "seconds"].to_numpy(float)
         t = g.loc[g["model"] == "target", "seconds"].to_numpy(float)
@@ -689,21 +548,12 @@ def _forward_ratio(gpu: str, study: str) -> tuple[pd.DataFrame, dict]:
         _, rd = _ratio(d, np.ones_like(d), "fr-d", gpu, study, key)
         _, rt = _ratio(t, np.ones_like(t), "fr-t", gpu, study, key)
         r = rd / rt
-        reps[key] = r
         lo, hi = ci(r)
         rows.append({**dict(zip(keys, key)), "draft_s": d.mean(), "target_s": t.mean(), "ratio": d.mean() / t.mean(),
-                     "ci_lo": lo, "ci_hi": hi})
+                     "ci_lo": lo, "ci_hi": hi, "replicates": r})
     if not rows:
         raise SpecdecError(f"study '{study}' on profile '{gpu}' has no forward passes of both target and draft")
-    return pd.DataFrame(rows), reps
-
-
-def forward_ratio(gpu: str, study: str = "hardware") -> pd.DataFrame:
-    """Draft forward time / target forward time at the same batch, query and context (hardware study).
-
-    Columns: profile, batch, query (tokens per sequence), context (KV tokens), draft_s, target_s (mean
-    seconds), ratio (dimensionless) with ci_lo/ci_hi (95% bootstrap over repeats, models independent)."""
-    return _forward_ratio(gpu, study)[0]
+    return pd.DataFrame(rows)
 
 
 def overhead_across_profiles(profile_list: list[str] | None = None) -> pd.DataFrame:
@@ -731,23 +581,30 @@ def overhead_across_profiles(profile_list: list[str] | None = None) -> pd.DataFr
 
 
 # -- alternatives -----------------------------------------------------------------------------------------
-def _alternatives(gpu: str, study: str) -> tuple[pd.DataFrame, dict]:
-    tp, reps = _throughput(gpu, study)
-    fp = tp[(tp["quant"] == "none") & (tp["k"] == 0)]
-    rows, areps = [], {}
+@_replicates
+def alternatives(gpu: str, study: str = "alternatives") -> pd.DataFrame:
+    """Each alternative's decode-throughput speedup over a plain fp32, no-SD reference.
 
-    def add(option, cell, ref, ref_name, extra=None, cell_reps=None):
-        r = (cell_reps if cell_reps is not None else reps[cell["run_id"]]) / reps[ref["run_id"]]
+    Options (rows): "int8" (int8 weights, no SD), "SD" (fp32 + SD), "SD+int8" -- each vs fp32 no-SD static
+    at the same batch; "static batching" (fp32 no-SD static at batch b), "continuous batching" and
+    "continuous batching+SD" (Poisson arrivals, busy-time decode throughput) -- each vs fp32 no-SD static at
+    the smallest batch (serving one request at a time); "continuous vs static batching" (no SD) -- vs fp32
+    no-SD static batches of the poisson cell's maximum batch size (same concurrency cap). Columns: option, batch, k, proposer, quant, mode,
+    rate (arrivals/s), reference, throughput_tok_s and ref_tok_s (tokens/s), speedup with ci_lo/ci_hi
+    (95% bootstrap), mean_active (continuous batching: sequences per step)."""
+    tp = throughput(gpu, study, replicates=True)
+    fp = tp[(tp["quant"] == "none") & (tp["k"] == 0)]
+    rows = []
+
+    def add(option, cell, ref, ref_name, extra=None):
+        r = cell["replicates"] / ref["replicates"]
         lo, hi = ci(r)
-        rate = cell.get("rate")
-        key = (option, int(cell["batch"]), float(rate) if pd.notna(rate) else None, int(cell["k"]), cell["proposer"])
-        areps[key] = r
         rows.append({"profile": gpu, "option": option, "batch": int(cell["batch"]), "k": int(cell["k"]),
                      "proposer": cell["proposer"], "quant": cell["quant"], "mode": cell["mode"],
                      "rate": cell.get("rate", np.nan), "reference": ref_name, "run_id": cell["run_id"],
                      "throughput_tok_s": cell["throughput_tok_s"], "ref_tok_s": ref["throughput_tok_s"],
                      "speedup": cell["throughput_tok_s"] / ref["throughput_tok_s"], "ci_lo": lo, "ci_hi": hi,
-                     **(extra or {})})
+                     **(extra or {}), "replicates": r})
 
     for _, ref in fp.iterrows():
         same = tp[(tp["batch"] == ref["batch"]) & (tp["mode"] == "static")]
@@ -763,7 +620,7 @@ def _alternatives(gpu: str, study: str) -> tuple[pd.DataFrame, dict]:
                 add(f"SD+{c['quant']}", c, ref, name)
     # continuous batching: compared with serving one request at a time (static bs 1, fp32, no SD)
     try:
-        serv, sreps = _serving(gpu, study)
+        serv = serving_throughput(gpu, study, replicates=True)
     except SpecdecError:
         serv = None
     single = fp[fp["batch"] == fp["batch"].min()] if len(fp) else fp
@@ -774,54 +631,23 @@ def _alternatives(gpu: str, study: str) -> tuple[pd.DataFrame, dict]:
             add("static batching", c, ref, name)
         for _, c in serv.iterrows():
             opt = "continuous batching" if c["k"] == 0 else "continuous batching+SD"
-            add(opt, c, ref, name, extra={"mean_active": c["mean_active"]}, cell_reps=sreps[c["run_id"]])
+            add(opt, c, ref, name, extra={"mean_active": c["mean_active"]})
             same = fp[fp["batch"] == c["batch"]]
             if c["k"] == 0 and len(same):  # the same concurrency cap, served in static batches
                 add("continuous vs static batching", c, same.iloc[0], f"fp32 no-SD static bs{c['batch']}",
-                    extra={"mean_active": c["mean_active"]}, cell_reps=sreps[c["run_id"]])
+                    extra={"mean_active": c["mean_active"]})
     if not rows:
         raise SpecdecError(f"study '{study}' on profile '{gpu}' has no alternative to compare with its baseline")
-    return pd.DataFrame(rows), areps
+    df = pd.DataFrame(rows)
+    return df[[c for c in df.columns if c != "replicates"] + ["replicates"]]
 
 
-def alternatives(gpu: str, study: str = "alternatives") -> pd.DataFrame:
-    """Each alternative's decode-throughput speedup over a plain fp32, no-SD reference.
-
-    Options (rows): "int8" (int8 weights, no SD), "SD" (fp32 + SD), "SD+int8" -- each vs fp32 no-SD static
-    at the same batch; "static batching" (fp32 no-SD static at batch b), "continuous batching" and
-    "continuous batching+SD" (Poisson arrivals, busy-time decode throughput) -- each vs fp32 no-SD static at
-    the smallest batch (serving one request at a time); "continuous vs static batching" (no SD) -- vs fp32
-    no-SD static batches of the poisson cell's maximum batch size (same concurrency cap). Columns: option, batch, k, proposer, quant, mode,
-    rate (arrivals/s), reference, throughput_tok_s and ref_tok_s (tokens/s), speedup with ci_lo/ci_hi
-    (95% bootstrap), mean_active (continuous batching: sequences per step)."""
-    return _alternatives(gpu, study)[0]
 
 
 def summary(gpu: str, study: str) -> dict:
     """A few headline counts: cells (complete runs), engines, pair."""
     r = runs(gpu, study)
     return {"cells": len(r), "engines": sorted(r["engine"].unique()), "pair": sorted(r["pair"].dropna().unique())}
-
-
-def engine_acceptance(gpu: str, study: str = "acceptance") -> pd.DataFrame:
-    """Aggregate acceptance recorded by the engine (vLLM runs write acceptance.json): one row per run,
-    the JSON flattened into columns next to the run's cell keys. SpecdecError when no run has one."""
-    complete, _ = rawdata.scan(gpu, study)
-    rows = []
-    for folder in complete:
-        meta, path = rawdata.read_meta(folder), folder / "acceptance.json"
-        if meta and path.exists():
-            try:
-                data = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError):
-                _warn(f"unreadable {path}")
-                continue
-            flat = pd.json_normalize(data).iloc[0].to_dict() if isinstance(data, dict) else {"value": data}
-            rows.append({"profile": meta["profile"], "run_id": meta["run_id"], "engine": meta.get("engine"),
-                         **meta["cell"], **flat})
-    if not rows:
-        raise SpecdecError(f"no acceptance.json in the runs of study '{study}' on profile '{gpu}'")
-    return pd.DataFrame(rows)
 
 
 def fmt_ci(est: float, lo: float, hi: float, digits: int = 2, unit: str = "") -> str:
@@ -868,7 +694,7 @@ def profile_status() -> pd.DataFrame:
         row = {"profile": name, "kind": prof.get("kind"), "description": prof.get("description"),
                "peak_tflops": prof.get("peak_tflops"), "mem_bw_tbs": prof.get("mem_bw_tbs")}
         for study in studies:
-            row[study] = "measured" if rawdata.scan(name, study)[0] else "ABSENT"
+            row[study] = "measured" if tables.has_runs(name, study) else "ABSENT"
         rows.append(row)
     return pd.DataFrame(rows)
 

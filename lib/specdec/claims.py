@@ -101,10 +101,10 @@ class _Data:
     def __init__(self, gpu):
         self.gpu, self._cache = gpu, {}
 
-    def get(self, name, fn, *args):
+    def get(self, name, fn, *args, **kwargs):
         if name not in self._cache:
             try:
-                self._cache[name] = (fn(*args), "")
+                self._cache[name] = (fn(*args, **kwargs), "")
             except SpecdecError as e:
                 self._cache[name] = (None, str(e))
         return self._cache[name]
@@ -247,18 +247,17 @@ def _c6(cid, d: _Data, claimed: float, large: bool):
 def _overhead_reps(profile: str) -> tuple[str, dict, dict] | None:
     """(metric, {cell key: estimate}, {cell key: bootstrap replicates}) for one profile, or None."""
     try:
-        df, reps = analysis._draft_overhead(profile, "batch")
+        df = analysis.draft_overhead(profile, "batch", replicates=True)
         df = df[(df["proposer"] == "draft") & (df["quant"] == "none") & df["alpha"].isna()]
         if len(df):
             keys = [(int(r["batch"]), int(r["k"])) for _, r in df.iterrows()]
-            return ("step draft share", dict(zip(keys, df["draft_frac"])),
-                    {k: reps[r] for k, r in zip(keys, df["run_id"])})
+            return ("step draft share", dict(zip(keys, df["draft_frac"])), dict(zip(keys, df["replicates"])))
     except SpecdecError:
         pass
     try:
-        df, reps = analysis._forward_ratio(profile, "hardware")
+        df = analysis.forward_ratio(profile, "hardware", replicates=True)
         keys = [(int(r["batch"]), int(r["query"]), float(r["context"])) for _, r in df.iterrows()]
-        return ("draft/target forward time", dict(zip(keys, df["ratio"])), dict(zip(keys, reps.values())))
+        return ("draft/target forward time", dict(zip(keys, df["ratio"])), dict(zip(keys, df["replicates"])))
     except SpecdecError:
         return None
 
@@ -334,25 +333,22 @@ def _c7(d: _Data):
 def _c8(d: _Data):
     rule = (f"an alternative (quantization, or continuous batching vs serving one at a time) reaches >= "
             f"{AS_GOOD} x the best SD speedup in >= {OFTEN:.0%} of the settings")
-    alt, why = d.get("alternatives", analysis._alternatives, d.gpu, "alternatives")
-    if alt is None:
+    df, why = d.get("alternatives", analysis.alternatives, d.gpu, "alternatives", replicates=True)
+    if df is None:
         return _row("C8", rule, NOT_MEASURABLE, why)
-    df, reps = alt
-    key = lambda r: (r["option"], int(r["batch"]), float(r["rate"]) if pd.notna(r["rate"]) else None,  # noqa: E731
-                     int(r["k"]), r["proposer"])  # the key analysis._alternatives stores replicates under
     comps, labels = [], []  # (alt replicate array, alt estimate, sd replicates, sd estimate)
     sd = df[df["option"] == "SD"]
     for b, g in sd.groupby("batch"):
         best = g.loc[g["speedup"].idxmax()]
         for _, q in df[(df["batch"] == b) & (df["k"] == 0) & (df["mode"] == "static") &
                        (df["quant"] != "none")].iterrows():
-            comps.append((reps[key(q)], q["speedup"], reps[key(best)], best["speedup"]))
+            comps.append((q["replicates"], q["speedup"], best["replicates"], best["speedup"]))
             labels.append(f"{q['quant']} bs{b}: {q['speedup']:.2f} vs SD {best['speedup']:.2f}")
     sd1 = sd[sd["batch"] == sd["batch"].min()] if len(sd) else sd
     if len(sd1):
         best = sd1.loc[sd1["speedup"].idxmax()]
         for _, c in df[df["option"] == "continuous batching"].iterrows():
-            comps.append((reps[key(c)], c["speedup"], reps[key(best)], best["speedup"]))
+            comps.append((c["replicates"], c["speedup"], best["replicates"], best["speedup"]))
             labels.append(f"CB rate {c['rate']:g}/s: {c['speedup']:.2f} vs SD bs{best['batch']} {best['speedup']:.2f}")
     if not comps:
         return _row("C8", rule, NOT_MEASURABLE, "no setting with both SD and an alternative measured")

@@ -76,6 +76,23 @@ def import_traces(source: str = typer.Option(..., help="folder with combined_<da
     typer.echo(f"wrote {out}")
 
 
+@app.command("tables")
+def tables_cmd(gpu: str = typer.Option(..., help="hardware profile"),
+               study: list[str] = typer.Option(None, help="study stem (repeatable; default: every study with raw runs)")):
+    """Normalise GPU's raw runs (both engines) into build/GPU/tables/STUDY/*.parquet; unchanged ones are kept."""
+    from . import tables
+    for manifest in tables.write(gpu, study or None, echo=typer.echo):
+        typer.echo(f"up to date: {manifest.parent}")
+
+
+@app.command("figures")
+def figures_cmd(gpu: str = typer.Option(..., help="hardware profile"),
+                study: list[str] = typer.Option(None, help="study stem (repeatable; default: all)")):
+    """Re-draw the figures from the tables a notebook run saved under build/GPU/ (nothing recomputed)."""
+    from . import studies
+    studies.redraw(gpu, study or None, echo=typer.echo)
+
+
 @app.command()
 def sources(gpu: str = typer.Option(..., help="hardware profile")):
     """Say, study by study, whether GPU's figures are measured, predicted, or impossible; exit 2 if none."""

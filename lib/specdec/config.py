@@ -21,6 +21,7 @@ import yaml
 
 from . import paths
 from .errors import SpecdecError
+from .spec import Study
 
 GRID_KEYS = ("mode", "batch", "k", "proposer", "temperature", "alpha", "quant", "rate", "context", "requests")
 DEFAULTS = {"mode": ["static"], "proposer": ["draft"], "temperature": [0.0], "alpha": [None], "quant": ["none"],
@@ -60,6 +61,7 @@ def load_study(study: str, profile: str | None = None) -> dict:
     cfg["study"] = study
     cfg["profile"] = profile
     validate(cfg, path.name)
+    Study.from_dict(cfg)  # unknown or misspelt keys are one-line errors
     return cfg
 
 

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
-from . import hardware, models, rawdata
+from . import hardware, models, tables
 from .errors import SpecdecError
 
 
@@ -285,7 +285,7 @@ def fit(profile: str, pair: str | None = None, forwards: pd.DataFrame | None = N
     `pair` selects the measured pair (default: the only one present); no data is a one-line error."""
     hardware.load_profile(profile)
     if forwards is None:
-        forwards = rawdata.load("hardware", profile, "forwards", warn=lambda _m: None)
+        forwards = tables.load(profile, "hardware", "forwards")
     if pair is not None:
         pair = pair_name(pair)
     if pair is not None and "pair" in forwards:

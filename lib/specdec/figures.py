@@ -31,20 +31,22 @@ WIDTH = 6.4
 # and other build/<gpu>/ files. The Makefile and tests/test_notebooks_figures.py rely on this list.
 OUTPUTS = {
     "batch": {"figures": ["batch-speedup", "batch-throughput", "batch-overhead"],
-              "tables": ["batch-speedup", "batch-overhead"], "files": []},
+              "tables": ["batch-speedup", "batch-overhead", "batch-contention"], "files": ["batch-notes.json"]},
     "acceptance": {"figures": ["acceptance-positions", "acceptance-requests", "acceptance-iid", "acceptance-breakeven"],
                    "tables": ["acceptance-positions", "acceptance-requests", "acceptance-summary", "acceptance-iid",
-                              "acceptance-breakeven"], "files": []},
+                              "acceptance-synthetic", "acceptance-breakeven"], "files": ["acceptance-notes.json"]},
     "hardware": {"figures": ["hardware-forward", "hardware-overhead", "hardware-profiles"],
                  "tables": ["hardware-forward", "hardware-overhead", "hardware-profiles", "hardware-profile-status"],
-                 "files": []},
+                 "files": ["hardware-notes.json"]},
     "alternatives": {"figures": ["alternatives-compare", "alternatives-latency"],
-                     "tables": ["alternatives-compare", "alternatives-latency", "alternatives-serving"], "files": []},
+                     "tables": ["alternatives-compare", "alternatives-latency", "alternatives-serving"],
+                     "files": ["alternatives-notes.json"]},
     "validation": {"figures": ["validation-predicted-vs-measured", "validation-policy"],
-                   "tables": ["validation-predicted-vs-measured", "validation-policy"], "files": []},
-    "bench": {"figures": ["bench-vs-hf"], "tables": ["bench-vs-hf"], "files": []},
-    "claims": {"figures": ["claims-verdicts"], "tables": ["claims"], "files": ["claims.md"]},
-    "goals": {"figures": [], "tables": ["goals"], "files": ["goals.md"]},
+                   "tables": ["validation-predicted-vs-measured", "validation-policy"],
+                   "files": ["validation-notes.json"]},
+    "bench": {"figures": ["bench-vs-hf"], "tables": ["bench-vs-hf"], "files": ["bench-notes.json"]},
+    "claims": {"figures": ["claims-verdicts"], "tables": ["claims"], "files": ["claims.md", "claims-notes.json"]},
+    "goals": {"figures": [], "tables": ["goals"], "files": ["goals.md", "goals-notes.json"]},
 }
 
 
@@ -54,7 +56,7 @@ def figures_dir(gpu: str) -> Path:
 
 
 def build_dir(gpu: str) -> Path:
-    return Path(os.environ.get("SPECDEC_BUILD") or paths.root() / "build") / gpu
+    return paths.build_root() / gpu
 
 
 def save(fig, gpu: str, name: str) -> list[Path]:
@@ -74,7 +76,7 @@ def save_table(df: pd.DataFrame, gpu: str, name: str) -> Path:
     folder = build_dir(gpu)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.csv"
-    df.to_csv(path, index=False, float_format="%.6g")
+    df.drop(columns=["replicates"], errors="ignore").to_csv(path, index=False, float_format="%.6g")
     return path
 
 
@@ -115,6 +117,34 @@ def stamp(fig, source):
     return fig
 
 
+def plot(title: str, size=(WIDTH, 4.0), empty=None, legend=True):
+    """The skeleton every single-panel figure shares, written once: title from `title` (formatted with gpu),
+    a placeholder saying why when there is no data, one Axes of `size` (inches, or a function of the data),
+    the title unless the drawing set its own, a small legend when something is labelled, tight layout.
+
+    Decorates draw(ax, df, gpu=..., **kwargs); the figure function is fn(df, gpu, note="", **kwargs).
+    `empty(df)` -> a reason string when there is nothing to draw (default: df.empty)."""
+    def wrap(draw):
+        import functools
+
+        @functools.wraps(draw)
+        def figure(df, gpu: str, note: str = "", **kwargs):
+            name = title.format(gpu=gpu)
+            why = empty(df) if empty else ("" if not df.empty else "nothing measured")
+            if why:
+                return placeholder(name, note or why)
+            fig, ax = plt.subplots(figsize=size(df) if callable(size) else size)
+            draw(ax, df, gpu=gpu, **kwargs)
+            if not ax.get_title():
+                ax.set_title(name)
+            if legend and ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7, **({} if legend is True else legend))
+            fig.tight_layout()
+            return fig
+        return figure
+    return wrap
+
+
 def _err(df: pd.DataFrame, y: str, lo: str = "ci_lo", hi: str = "ci_hi"):
     """Asymmetric error bars (2, n) from CI columns; NaN bounds give no bar."""
     low = (df[y] - df[lo]).clip(lower=0).fillna(0).to_numpy()
@@ -143,52 +173,34 @@ def _lines_vs_batch(ax, df: pd.DataFrame, y: str, lo: str = "ci_lo", hi: str = "
     _log2_batch(ax, df["batch"])
 
 
-def batch_speedup(sp: pd.DataFrame, gpu: str, note: str = ""):
+@plot("SD speedup vs batch size ({gpu})", empty=lambda sp: "" if len(sp) and (sp["k"] > 0).any()
+      else "no speculative cells")
+def batch_speedup(ax, sp: pd.DataFrame, gpu: str):
     """Speedup vs batch size, one line per proposer x k, 95% CI bars, the no-SD level at 1."""
-    title = f"SD speedup vs batch size ({gpu})"
-    sd = sp[sp["k"] > 0] if len(sp) else sp
-    if sd.empty:
-        return placeholder(title, note or "no speculative cells")
-    fig, ax = plt.subplots(figsize=(WIDTH, 4))
-    _lines_vs_batch(ax, sd, "speedup")
+    _lines_vs_batch(ax, sp[sp["k"] > 0], "speedup")
     ax.axhline(1.0, color="k", lw=1, ls="--", label="no SD")
-    ax.set(xlabel="batch size (sequences)", ylabel="speedup over no-SD decode throughput", title=title)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    ax.set(xlabel="batch size (sequences)", ylabel="speedup over no-SD decode throughput")
 
 
-def batch_throughput(sp: pd.DataFrame, gpu: str, note: str = ""):
+@plot("decode throughput vs batch size ({gpu})")
+def batch_throughput(ax, sp: pd.DataFrame, gpu: str):
     """Decode throughput (tokens/s) vs batch size, one line per proposer x k incl. the no-SD baseline."""
-    title = f"decode throughput vs batch size ({gpu})"
-    if sp.empty:
-        return placeholder(title, note)
-    fig, ax = plt.subplots(figsize=(WIDTH, 4))
     _lines_vs_batch(ax, sp, "throughput_tok_s", "tp_ci_lo", "tp_ci_hi", dashed_baseline=True)
     ax.set_yscale("log")
-    ax.set(xlabel="batch size (sequences)", ylabel="decode throughput (tokens/s)", title=title)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    ax.set(xlabel="batch size (sequences)", ylabel="decode throughput (tokens/s)")
 
 
-def batch_overhead(ov: pd.DataFrame, gpu: str, note: str = ""):
+@plot("proposal share of step time ({gpu})", size=(WIDTH, 3.6))
+def batch_overhead(ax, ov: pd.DataFrame, gpu: str):
     """Share of step time spent proposing (draft_s / step time) vs batch size."""
-    title = f"proposal share of step time ({gpu})"
-    if ov.empty:
-        return placeholder(title, note)
-    fig, ax = plt.subplots(figsize=(WIDTH, 3.6))
     _lines_vs_batch(ax, ov, "draft_frac")
     ax.set_ylim(0, 1)
-    ax.set(xlabel="batch size (sequences)", ylabel="draft_s / (draft + verify + other)", title=title)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    ax.set(xlabel="batch size (sequences)", ylabel="draft_s / (draft + verify + other)")
 
 
 # -- acceptance study -------------------------------------------------------------------------------------------
 def acceptance_positions(pos: pd.DataFrame, gpu: str, note: str = ""):
-    """P(accept position i | reached i) vs i, one panel per proposer x temperature, hue = prompt set."""
+    """P(accept position i | tried i) vs i, one panel per proposer x temperature, hue = prompt set."""
     title = f"acceptance by draft position ({gpu})"
     if pos.empty:
         return placeholder(title, note)
@@ -207,37 +219,28 @@ def acceptance_positions(pos: pd.DataFrame, gpu: str, note: str = ""):
         ax.set(title=f"{p['proposer']}, T={p['temperature']:g}", xlabel="draft position i")
         ax.set_ylim(0, 1.05)
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    axes[0][0].set_ylabel("P(accept i | reached i)")
+    axes[0][0].set_ylabel("P(accept i | tried i)")
     axes[0][-1].legend(title="prompt set", fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
     return fig
 
 
-def acceptance_requests(req: pd.DataFrame, gpu: str, note: str = ""):
+@plot("per-request acceptance ({gpu})", size=(WIDTH, 3.6), legend={"title": None})
+def acceptance_requests(ax, req: pd.DataFrame, gpu: str):
     """Distribution of per-request acceptance (alpha_measured) by prompt set and proposer."""
-    title = f"per-request acceptance ({gpu})"
-    if req.empty:
-        return placeholder(title, note)
     d = req.assign(setting=req["proposer"] + ", T=" + req["temperature"].map("{:g}".format))
-    fig, ax = plt.subplots(figsize=(WIDTH, 3.6))
     with warnings.catch_warnings():  # seaborn 0.13 passes matplotlib's deprecated `vert` to boxplot
         warnings.simplefilter("ignore", matplotlib.MatplotlibDeprecationWarning)
         sns.boxplot(data=d, x="prompt_set", y="alpha_measured", hue="setting", ax=ax, fliersize=0, width=0.6)
     sns.stripplot(data=d, x="prompt_set", y="alpha_measured", hue="setting", ax=ax, dodge=True, size=3,
                   palette="dark:k", alpha=0.5, legend=False)
-    ax.set(xlabel="prompt set", ylabel="accepted / reached positions per request", title=title, ylim=(0, 1.05))
-    ax.legend(fontsize=7, title=None)
-    fig.tight_layout()
-    return fig
+    ax.set(xlabel="prompt set", ylabel="accepted / tried positions per request", ylim=(0, 1.05))
 
 
-def acceptance_iid(iid: pd.DataFrame, gpu: str, note: str = ""):
+@plot("real traces vs i.i.d. acceptance ({gpu})", size=(4.8, 4.4))
+def acceptance_iid(ax, iid: pd.DataFrame, gpu: str):
     """Measured tokens/step vs the i.i.d. prediction at the same mean acceptance (y = x is a perfect fit)."""
-    title = f"real traces vs i.i.d. acceptance ({gpu})"
-    if iid.empty:
-        return placeholder(title, note)
-    fig, ax = plt.subplots(figsize=(4.8, 4.4))
     for (synth, prop), g in iid.groupby(["synthetic", "proposer"]):
         label = f"{prop}, {'synthetic alpha' if synth else 'real'}"
         ax.errorbar(g["predicted_tps"], g["measured_tps"],
@@ -245,18 +248,16 @@ def acceptance_iid(iid: pd.DataFrame, gpu: str, note: str = ""):
                     marker="s" if synth else "o", ls="none", capsize=3, label=label)
     hi = float(np.nanmax(iid[["predicted_tps", "measured_tps"]].to_numpy())) * 1.05
     ax.plot([1, hi], [1, hi], "k--", lw=1, label="y = x")
-    ax.set(xlabel="i.i.d. prediction (1 - a^(k+1)) / (1 - a)", ylabel="measured tokens per step", title=title)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    ax.set(xlabel="i.i.d. prediction (1 - a^(k+1)) / (1 - a)", ylabel="measured tokens per step")
 
 
 def acceptance_breakeven(syn: pd.DataFrame, be: pd.DataFrame, gpu: str, note: str = ""):
     """Speedup vs forced acceptance alpha per batch size; where each curve crosses 1 is the break-even."""
-    title = f"break-even acceptance ({gpu})"
-    if syn.empty:
-        return placeholder(title, note)
-    fig, ax = plt.subplots(figsize=(WIDTH, 4))
+    return _breakeven(syn, gpu, note, be=be)
+
+
+@plot("break-even acceptance ({gpu})")
+def _breakeven(ax, syn: pd.DataFrame, gpu: str, be: pd.DataFrame):
     batches = sorted(syn["batch"].unique())
     colors = dict(zip(batches, sns.color_palette(n_colors=len(batches))))
     for (b, k), g in syn.sort_values("alpha").groupby(["batch", "k"]):
@@ -267,19 +268,13 @@ def acceptance_breakeven(syn: pd.DataFrame, be: pd.DataFrame, gpu: str, note: st
             ax.axvline(row["break_even"].iloc[0], color=colors[b], ls=":", lw=1)
     ax.axhline(1.0, color="k", lw=1, ls="--")
     ax.set_yscale("log")
-    ax.set(xlabel="forced acceptance alpha (i.i.d.)", ylabel="speedup over no SD", title=title, xlim=(0, 1.05))
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    ax.set(xlabel="forced acceptance alpha (i.i.d.)", ylabel="speedup over no SD", xlim=(0, 1.05))
 
 
 # -- hardware study ---------------------------------------------------------------------------------------------
-def hardware_forward(ft: pd.DataFrame, gpu: str, note: str = ""):
+@plot("forward-pass time ({gpu})", legend=False)
+def hardware_forward(ax, ft: pd.DataFrame, gpu: str):
     """Forward-pass time vs batched tokens, per model and KV context."""
-    title = f"forward-pass time ({gpu})"
-    if ft.empty:
-        return placeholder(title, note)
-    fig, ax = plt.subplots(figsize=(WIDTH, 4))
     queries = sorted(ft["query"].unique())
     colors = dict(zip(queries, sns.color_palette(n_colors=len(queries))))
     markers = dict(zip(sorted(ft["context"].unique()), "osD^v<>"))
@@ -289,26 +284,18 @@ def hardware_forward(ft: pd.DataFrame, gpu: str, note: str = ""):
                     label=f"{model}, query {q}, ctx {ctx:g}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set(xlabel="tokens per forward (batch x query)", ylabel="forward time (ms)", title=title)
+    ax.set(xlabel="tokens per forward (batch x query)", ylabel="forward time (ms)")
     ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    return fig
 
 
-def hardware_overhead(fr: pd.DataFrame, gpu: str, note: str = ""):
+@plot("draft / target forward time ({gpu})", size=(WIDTH, 3.6))
+def hardware_overhead(ax, fr: pd.DataFrame, gpu: str):
     """Draft / target forward time at the same batch and query, vs batch size."""
-    title = f"draft / target forward time ({gpu})"
-    if fr.empty:
-        return placeholder(title, note)
-    fig, ax = plt.subplots(figsize=(WIDTH, 3.6))
     for (q, ctx), g in fr.sort_values("batch").groupby(["query", "context"]):
         ax.errorbar(g["batch"], g["ratio"], yerr=_err(g, "ratio"), marker="o", capsize=3,
                     label=f"query {q}, ctx {ctx:g}")
     _log2_batch(ax, fr["batch"])
-    ax.set(xlabel="batch size (sequences)", ylabel="draft time / target time", title=title)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    ax.set(xlabel="batch size (sequences)", ylabel="draft time / target time")
 
 
 def hardware_profiles(ac: pd.DataFrame, note: str = ""):
@@ -333,16 +320,13 @@ def hardware_profiles(ac: pd.DataFrame, note: str = ""):
 
 
 # -- alternatives study ---------------------------------------------------------------------------------------------
-def alternatives_compare(alt: pd.DataFrame, gpu: str, note: str = ""):
+@plot("SD vs quantization vs batching ({gpu})", size=lambda alt: (WIDTH, 0.45 * len(alt) + 1.2), legend=False)
+def alternatives_compare(ax, alt: pd.DataFrame, gpu: str):
     """Speedup of each alternative over its fp32 no-SD reference (bars, 95% CI)."""
-    title = f"SD vs quantization vs batching ({gpu})"
-    if alt.empty:
-        return placeholder(title, note)
     d = alt.copy()
     d["setting"] = [f"bs{b}" + (f", {r:g}/s" if pd.notna(r) else "") + (f", k={k}" if k else "")
                     for b, r, k in zip(d["batch"], d["rate"], d["k"])]
     options = list(dict.fromkeys(d["option"]))
-    fig, ax = plt.subplots(figsize=(WIDTH, 0.45 * len(d) + 1.2))
     colors = dict(zip(options, sns.color_palette(n_colors=len(options))))
     y = np.arange(len(d))
     ax.barh(y, d["speedup"], xerr=_err(d, "speedup"), color=[colors[o] for o in d["option"]], capsize=3)
@@ -350,9 +334,7 @@ def alternatives_compare(alt: pd.DataFrame, gpu: str, note: str = ""):
     ax.set_yticklabels([f"{o} ({s})" for o, s in zip(d["option"], d["setting"])], fontsize=7)
     ax.invert_yaxis()
     ax.axvline(1.0, color="k", lw=1, ls="--")
-    ax.set(xlabel="speedup over fp32 no-SD reference (see table: same batch, or bs1 for batching)", title=title)
-    fig.tight_layout()
-    return fig
+    ax.set(xlabel="speedup over fp32 no-SD reference (see table: same batch, or bs1 for batching)")
 
 
 def alternatives_latency(lat: pd.DataFrame, gpu: str, note: str = ""):
@@ -385,31 +367,28 @@ VERDICT_COLORS = {"reproduced": "tab:green", "not reproduced": "tab:red", "not m
 
 
 # -- bench study --------------------------------------------------------------------------------------------------
-def bench_vs_hf(bn: pd.DataFrame, gpu: str, note: str = ""):
+@plot("our engine vs transformers ({gpu}); blue: generate, orange: assisted generation", size=(WIDTH, 3.4))
+def bench_vs_hf(ax, bn: pd.DataFrame, gpu: str):
     """HF time / our time per cell with 95% CI; dashed line is the goal (1.0: ours at least as fast)."""
-    if bn.empty:
-        return placeholder(f"our engine vs transformers ({gpu})", note)
-    fig, ax = plt.subplots(figsize=(WIDTH, 3.4))
     labels = [f"bs{r.batch} k{r.k}" for r in bn.itertuples()]
     ax.bar(labels, bn["hf_over_ours"], yerr=_err(bn, "hf_over_ours"), capsize=3,
            color=["tab:blue" if k == 0 else "tab:orange" for k in bn["k"]])
     for goal in sorted(set(bn["goal"])):
         ax.axhline(goal, ls="--", c="grey", lw=1)
-    ax.set(ylabel="HF seconds / our seconds", title=f"our engine vs transformers ({gpu}); blue: generate, "
-           "orange: assisted generation")
-    fig.tight_layout()
-    return fig
+    ax.set(ylabel="HF seconds / our seconds")
 
 
 # -- validation study -----------------------------------------------------------------------------------------------
 def validation_scatter(val: pd.DataFrame, gpu: str, note: str = "", reference: str = "measured"):
     """Predicted vs reference speedup per cell (measured batch-study cells, or the paper's simulator);
     the diagonal is a perfect prediction."""
-    title = f"predicted vs {reference} speedup ({gpu})"
     val = val.dropna(subset=["predicted"]) if len(val) else val
-    if val.empty:
-        return placeholder(title, note or "no cell could be predicted (missing acceptance traces?)")
-    fig, ax = plt.subplots(figsize=(4.8, 4.4))
+    return _scatter(val, gpu, note, reference=reference)
+
+
+@plot("predicted vs reference speedup ({gpu})", size=(4.8, 4.4), legend=False,
+      empty=lambda v: "" if len(v) else "no cell could be predicted (missing acceptance traces?)")
+def _scatter(ax, val: pd.DataFrame, gpu: str, reference: str):
     sns.scatterplot(data=val, x="measured", y="predicted", hue="batch", style="proposer", palette="viridis",
                     s=60, ax=ax)
     lo = min(val["measured"].min(), val["predicted"].min()) * 0.9
@@ -418,16 +397,13 @@ def validation_scatter(val: pd.DataFrame, gpu: str, note: str = "", reference: s
     ax.axhline(1, c="k", lw=0.5)
     ax.axvline(1, c="k", lw=0.5)
     ax.set(xlabel=f"{reference} speedup", ylabel="predicted speedup",
-           title=f"{title}\nMAPE {val['abs_pct_err'].mean():.1f}%")
-    fig.tight_layout()
-    return fig
+           title=f"predicted vs {reference} speedup ({gpu})\nMAPE {val['abs_pct_err'].mean():.1f}%")
 
 
-def validation_policy(pol: pd.DataFrame, gpu: str, note: str = ""):
+@plot("policies ({gpu}): bars predicted, diamonds measured (where that k was measured)", size=(WIDTH, 3.6),
+      legend={"title": None})
+def validation_policy(ax, pol: pd.DataFrame, gpu: str):
     """Speedup of SD off / fixed k / adaptive k per batch size: predicted (bars) and measured (points)."""
-    if pol.empty:
-        return placeholder(f"policies ({gpu})", note)
-    fig, ax = plt.subplots(figsize=(WIDTH, 3.6))
     order = sorted(pol["batch"].unique())
     sns.barplot(data=pol, x="batch", y="predicted", hue="policy", order=order, ax=ax, alpha=0.6)
     meas = pol.dropna(subset=["measured"])
@@ -435,11 +411,7 @@ def validation_policy(pol: pd.DataFrame, gpu: str, note: str = ""):
         sns.stripplot(data=meas, x="batch", y="measured", hue="policy", order=order, dodge=True, marker="D",
                       color="k", size=6, ax=ax, legend=False)
     ax.axhline(1, c="k", lw=0.8, ls="--")
-    ax.set(xlabel="batch size", ylabel="speedup over no SD",
-           title=f"policies ({gpu}): bars predicted, diamonds measured (where that k was measured)")
-    ax.legend(fontsize=7, title=None)
-    fig.tight_layout()
-    return fig
+    ax.set(xlabel="batch size", ylabel="speedup over no SD")
 
 
 def claims_verdicts(df: pd.DataFrame, gpu: str):

@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from . import config as cfgmod
 from . import hardware, models, prompts, rawdata
+from .spec import Cell, Study
 from .timing import clock
 from .engine import GenConfig, Sequence, SpecEngine, decode, generate, prefill
 
@@ -53,19 +54,19 @@ class ModelCache:
         return self.variants[quant]
 
 
-def gen_config(cfg: dict, cell: dict, seed: int) -> GenConfig:
-    gen = cfg.get("generation", {})
-    return GenConfig(k=cell["k"], proposer=cell["proposer"], max_new_tokens=gen.get("max_new_tokens", 32),
-                     temperature=cell["temperature"], seed=seed, ignore_eos=gen.get("ignore_eos", True),
-                     ngram_max=gen.get("ngram_max", 3), ngram_min=gen.get("ngram_min", 1),
-                     ngram_match=gen.get("ngram_match", cfgmod.LEGACY_NGRAM_MATCH),
-                     synthetic_alpha=cell.get("alpha")).validate()
+def gen_config(cfg: dict, cell: dict, seed: int | None = None) -> GenConfig:
+    """The engine settings of a cell (seed: the study's seed unless given)."""
+    st, c = Study.from_dict(cfg), Cell.from_dict(cell)
+    g = st.generation
+    return GenConfig(k=c.k, proposer=c.proposer, max_new_tokens=g.max_new_tokens, temperature=c.temperature,
+                     seed=st.seed if seed is None else seed, ignore_eos=g.ignore_eos, ngram_max=g.ngram_max,
+                     ngram_min=g.ngram_min, ngram_match=g.ngram_match, synthetic_alpha=c.alpha).validate()
 
 
 def tokenized_prompts(cfg: dict, tokenizer) -> list[dict]:
-    spec = cfg.get("prompts", {})
-    items = prompts.build(spec.get("sets", ["humaneval"]), spec.get("per_set", 8))
-    limit = spec.get("max_prompt_tokens", 512)
+    spec = Study.from_dict(cfg).prompts
+    items = prompts.build(list(spec.sets), spec.per_set)
+    limit = spec.max_prompt_tokens
     out = []
     for name, idx, text in items:
         ids = tokenizer.encode(text)[-limit:]
@@ -86,21 +87,20 @@ def _step_rows(steps, repeat, batch_idx):
 def run_static(cfg, cell, target, draft, plist, tok):
     """Static batching: requests in fixed batches of `batch`. Each batch is prefilled once; a warm-up decode
     and then every timed repeat start from copies of that prefilled state (same work, fresh seed)."""
-    gen = gen_config(cfg, cell, seed=cfg.get("seed", 0))
-    timing = cfg.get("timing", {})
-    bs = cell["batch"]
-    n_req = max(bs, cell.get("requests") or cfg.get("prompts", {}).get("min_requests", bs))
-    n_req = -(-n_req // bs) * bs  # whole batches only: a partial last batch would not be batch size bs
+    st, c = Study.from_dict(cfg), Cell.from_dict(cell)
+    gen = gen_config(cfg, cell)
+    bs = c.batch
+    n_req = st.requests_per_cell(c)  # whole batches
     chosen = [plist[i % len(plist)] for i in range(n_req)]
     pad = getattr(tok, "pad_token_id", 0) or 0
     # timed decodes per batch: `repeats`, raised so the cell has >= timing.min_timed_batches in all
-    repeats = max(timing.get("repeats", 2), -(-timing.get("min_timed_batches", 1) // (n_req // bs)))
+    repeats = st.timed_repeats(c)
     reqs, steps, batches = [], [], []
     for bi, start in enumerate(range(0, n_req, bs)):
         group = chosen[start:start + bs]
         base, prefill_s = prefill(target, draft, [p["ids"] for p in group], gen, tok.eos_token_id, pad)
         if bi == 0:
-            decode(base.clone(), max_steps=timing.get("warmup_steps", 2))
+            decode(base.clone(), max_steps=st.timing.warmup_steps)
         info = {i: {"prompt_set": p["prompt_set"], "prompt_idx": p["prompt_idx"],
                     "prompt_tokens": len(p["ids"])} for i, p in enumerate(group)}
         for rep in range(repeats):
@@ -121,15 +121,16 @@ def run_static(cfg, cell, target, draft, plist, tok):
 
 def run_poisson(cfg, cell, target, draft, plist, tok):
     """Continuous batching with Poisson arrivals (rate per second), at most `batch` sequences at once."""
-    gen = gen_config(cfg, cell, seed=cfg.get("seed", 0))
-    n_req = cfg.get("prompts", {}).get("requests", 16)
-    rng = np.random.default_rng(cfg.get("seed", 0))
+    st = Study.from_dict(cfg)
+    gen = gen_config(cfg, cell)
+    n_req = st.prompts.requests
+    rng = np.random.default_rng(st.seed)
     arrivals = np.cumsum(rng.exponential(1.0 / cell["rate"], size=n_req))
     pad = getattr(tok, "pad_token_id", 0) or 0
     generate(target, draft, [plist[0]["ids"]], GenConfig(**{**gen.__dict__, "max_new_tokens": 4}),
              tok.eos_token_id, pad)
     reqs, steps = [], []
-    for rep in range(cfg.get("timing", {}).get("repeats", 1)):
+    for rep in range(st.timing.repeats):
         eng = SpecEngine(target, draft, GenConfig(**{**gen.__dict__, "seed": gen.seed + rep}),
                          tok.eos_token_id, pad)
         queue = [Sequence(i, plist[i % len(plist)]["ids"], gen.max_new_tokens, arrival_s=float(arrivals[i]))
@@ -174,7 +175,8 @@ def run_forward(cfg, cell, target, draft, plist, tok):
 
     device = next(target.parameters()).device
     bs, ctx, q = cell["batch"], cell["context"], cell["k"] + 1
-    gen = torch.Generator().manual_seed(cfg.get("seed", 0))
+    st = Study.from_dict(cfg)
+    gen = torch.Generator().manual_seed(st.seed)
     vocab = min(target.config.vocab_size, draft.config.vocab_size if draft is not None else 10**9)
     rows = []
     for name, model in (("target", target), ("draft", draft)):
@@ -186,7 +188,7 @@ def run_forward(cfg, cell, target, draft, plist, tok):
         fill_cache(kv, ctx, gen)
         toks = torch.randint(0, vocab, (bs, q), generator=gen).to(device)
         valid = torch.ones(bs, q, dtype=torch.bool, device=device)
-        warm, reps = cfg.get("timing", {}).get("warmup_forwards", 1), cfg.get("timing", {}).get("repeats", 3)
+        warm, reps = st.timing.warmup_forwards, st.timing.repeats
         for rep in range(-warm, reps):
             t = clock(device)
             kv.forward(toks, valid)
@@ -236,10 +238,11 @@ def run_hf(cfg, cell, target, draft, plist, tok):
     and whether the greedy outputs agree token for token. The two run back to back on each batch, the
     order alternating from batch to batch so neither always runs first."""
 
-    gen = gen_config(cfg, cell, seed=cfg.get("seed", 0))
-    bs, k = cell["batch"], cell["k"]
+    st, c = Study.from_dict(cfg), Cell.from_dict(cell)
+    gen = gen_config(cfg, cell)
+    bs, k = c.batch, c.k
     pad = getattr(tok, "pad_token_id", 0) or 0
-    n_req = max(bs, cfg.get("prompts", {}).get("min_requests", bs))
+    n_req = st.requests_per_cell(c)
     chosen = [plist[i % len(plist)]["ids"] for i in range(n_req)]
     device = next(target.parameters()).device
 
@@ -253,7 +256,7 @@ def run_hf(cfg, cell, target, draft, plist, tok):
     for fn in (ours, hf):  # warm-up
         fn(chosen[:bs])
     rows = []
-    for rep in range(cfg.get("timing", {}).get("repeats", 2)):
+    for rep in range(st.timing.repeats):
         for bi, start in enumerate(range(0, n_req, bs)):
             group = chosen[start:start + bs]
             outs = {}
@@ -277,6 +280,7 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
     cfg = cfgmod.load_study(study, profile_name)
     todo = cfgmod.cells(cfg)
     chash = cfgmod.config_hash(cfg)
+    rawdata.git_state()  # read now, before the first cell: the code this process imported
     pending, _ = rawdata.pending_cells(profile_name, study, todo, lambda c: f"{cfgmod.cell_id(c)}-{chash[:8]}", echo)
     total = len(pending)
     echo(f"{study} on {profile_name}: {len(todo)} cells, {len(todo) - total} done, {total} to run")
@@ -284,11 +288,11 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
         pending = pending[:limit]
     if dry_run or not pending:
         return {"cells": len(todo), "ran": 0, "pending": total}
-    if cfg.get("threads"):
-        torch.set_num_threads(int(cfg["threads"]))
+    st = Study.from_dict(cfg)
+    if st.threads:
+        torch.set_num_threads(int(st.threads))
     device = hardware.device_for(profile)
-    mc = ModelCache(cfg["pair"], cfg.get("dtype", "float32"), device, cfg.get("draft_dtype"),
-                    cfg.get("draft_quant", "none"))
+    mc = ModelCache(st.pair, st.dtype or "float32", device, st.draft_dtype, st.draft_quant)
     tok = mc.pair.tokenizer
     plist = tokenized_prompts(cfg, tok)
     ran = 0

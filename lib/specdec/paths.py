@@ -22,3 +22,8 @@ def configs() -> Path:
 
 def raw_root() -> Path:
     return Path(os.environ.get("SPECDEC_RAW", root() / "data" / "raw"))
+
+
+def build_root() -> Path:
+    """Generated tables and notebooks (build/), overridable with $SPECDEC_BUILD."""
+    return Path(os.environ.get("SPECDEC_BUILD") or root() / "build")

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import brentq
 
-from . import acceptance, costmodel, hardware, rawdata
+from . import acceptance, costmodel, hardware, tables
 from .acceptance import AcceptanceModel
 from .costmodel import CostModel
 from .errors import SpecdecError
@@ -199,7 +199,8 @@ def vllm_speculative_config(pair: str, proposer: str, k: int) -> dict | None:
     from .vllm_runner import check_speculative_config, speculative_config
 
     try:
-        conf = speculative_config({"pair": pair, "generation": {}}, {"k": int(k), "proposer": proposer})
+        conf = speculative_config({"pair": pair, "generation": {"ngram_match": "earliest"}},
+                                  {"k": int(k), "proposer": proposer})
     except SpecdecError:
         return None
     return check_speculative_config(conf)
@@ -387,9 +388,8 @@ def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int
     seconds per token at the same batch size. Columns: cell keys, context, predicted, predicted_steady,
     measured, abs_pct_err [%], and predicted/measured steps per batch and seconds per step;
     df.attrs["mape"] = mean abs_pct_err [%], df.attrs["cost_source"] = how the costs were obtained."""
-    quiet = lambda _m: None  # noqa: E731
-    batches = rawdata.load("batch", profile, "batches", warn=quiet)
-    reqs = rawdata.load("batch", profile, "requests", warn=quiet)
+    batches = tables.load(profile, "batch", "batches")
+    reqs = tables.load(profile, "batch", "requests")
     pair = costmodel.pair_name(pair) if pair else str(batches["pair"].iloc[0])
     batches, reqs = batches[batches["pair"] == pair], reqs[reqs["pair"] == pair]
     costs = costmodel.fit(profile, pair)
@@ -449,15 +449,14 @@ def policy_compare(profile: str, pair: str | None = None, fixed_k: int = 3, prop
     Columns: batch, policy, k, predicted (speedup), measured (speedup of the batch-study cell with that k,
     NaN where that k was not measured), measured_ks (the k values measured at that batch size). Costs come
     from the hardware study and acceptance from the acceptance study of `profile`, as in validate()."""
-    quiet = lambda _m: None  # noqa: E731
-    batches = rawdata.load("batch", profile, "batches", warn=quiet)
+    batches = tables.load(profile, "batch", "batches")
     pair = costmodel.pair_name(pair) if pair else str(batches["pair"].iloc[0])
     batches = batches[(batches["pair"] == pair) & batches["proposer"].isin([proposer, "none"])]
     costs = costmodel.fit(profile, pair)
     found, where = acceptance.load_traces(profile, pair, proposer, 0.0, studies=("acceptance",))
     acc = AcceptanceModel.from_traces(found, where)
     if context is None:
-        reqs = rawdata.load("batch", profile, "requests", warn=quiet)
+        reqs = tables.load(profile, "batch", "requests")
         context = float(reqs["prompt_tokens"].mean() + reqs["new_tokens"].mean() / 2)
     per_tok = batches.groupby(["batch", "k"]).apply(
         lambda g: g["decode_s"].sum() / g["decode_tokens"].sum(), include_groups=False)

@@ -7,6 +7,7 @@ forward pass of target or draft), bench.parquet (hf-mode cells: our engine vs HF
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -39,7 +40,10 @@ def is_complete(folder: Path) -> bool:
     return read_meta(folder) is not None
 
 
+@functools.lru_cache(maxsize=1)
 def git_state() -> dict:
+    """The commit of the code this process runs, and whether lib/ had uncommitted changes, read once (at the
+    first call, before any cell is measured): later edits to the tree do not change what was imported."""
     def git(*args):
         try:
             return subprocess.run(["git", *args], cwd=paths.root(), capture_output=True, text=True,

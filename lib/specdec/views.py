@@ -19,7 +19,7 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
-from . import acceptance, analysis, costmodel, hardware, predict, rawdata, replay
+from . import acceptance, analysis, costmodel, hardware, predict, replay, tables
 from . import traces as tr
 from .errors import SpecdecError
 
@@ -39,14 +39,10 @@ class Source:
         return {"measured": "MEASURED", "predicted": "PREDICTED", "none": "NO DATA"}[self.kind] + ": " + self.text
 
 
-def _quiet(_msg: str) -> None:
-    return None
-
-
 def measured(gpu: str, study: str) -> bool:
     """True when data/raw/<gpu>/<study> has complete runs under the current config (or imported ones)."""
     studies = ("batch", "hardware", "acceptance") if study in ("validation", "claims") else (study,)
-    return any(rawdata.current_runs(s, gpu, warn=_quiet) for s in studies)
+    return any(tables.has_runs(gpu, s) for s in studies)
 
 
 @lru_cache(maxsize=32)
@@ -298,7 +294,7 @@ def forward_ratio(gpu: str) -> pd.DataFrame:
 
 def summary_cells(gpu: str, study: str) -> int:
     """Complete raw cells of a study (0 when predicted)."""
-    return len(rawdata.current_runs(study, gpu, warn=_quiet))
+    return len(tables.runs(gpu, study)) if tables.has_runs(gpu, study) else 0
 
 
 # -- validation on the paper's own numbers ----------------------------------------------------------------------

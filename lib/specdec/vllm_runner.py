@@ -33,6 +33,7 @@ import pandas as pd
 from . import config as cfgmod
 from . import hardware, models, rawdata
 from .errors import SpecdecError
+from .spec import Cell, Study
 
 MISSING = ("the vLLM engine needs the vllm package and a CUDA GPU "
            "(pip install 'specdec[gpu]' on a GPU machine)")
@@ -64,13 +65,13 @@ def speculative_config(cfg: dict, cell: dict) -> dict | None:
         raise SpecdecError(f"unknown proposer '{proposer}' for the vLLM engine ({', '.join(PROPOSERS)})")
     if k == 0 or proposer == "none":
         return None
-    gen = cfg.get("generation", {})
+    gen = Study.from_dict(cfg).generation
     if proposer == "ngram":
-        if gen.get("ngram_match", cfgmod.LEGACY_NGRAM_MATCH) != "earliest":
+        if gen.ngram_match != "earliest":
             raise SpecdecError("vLLM's n-gram proposer copies the earliest of the longest matches; set "
                                "generation.ngram_match: earliest for a vLLM run")
         return {"method": "ngram", "num_speculative_tokens": k,
-                "prompt_lookup_max": gen.get("ngram_max", 3), "prompt_lookup_min": gen.get("ngram_min", 1)}
+                "prompt_lookup_max": gen.ngram_max, "prompt_lookup_min": gen.ngram_min}
     _, draft = _hub_ids(cfg)
     if not draft:
         raise SpecdecError(f"pair '{cfg['pair']}' has no hub draft id for proposer '{proposer}'")
@@ -135,17 +136,16 @@ def llm_kwargs(cfg: dict, cell: dict) -> dict:
     quant = cell.get("quant", "none") or "none"
     if quant not in ("none", "fp8"):
         raise SpecdecError(f"quant '{quant}' has no online vLLM equivalent (use none or fp8)")
-    gen = cfg.get("generation", {})
-    kw = {"model": target, "max_num_seqs": cell["batch"], "seed": cfg.get("seed", 0),
-          "dtype": cfg.get("dtype", "auto"), "disable_log_stats": False, "enable_prefix_caching": False,
-          "max_model_len": cfg.get("prompts", {}).get("max_prompt_tokens", 512)
-          + gen.get("max_new_tokens", 32) + 64}
+    st = Study.from_dict(cfg)
+    kw = {"model": target, "max_num_seqs": cell["batch"], "seed": st.seed,
+          "dtype": st.dtype or "auto", "disable_log_stats": False, "enable_prefix_caching": False,
+          "max_model_len": st.prompts.max_prompt_tokens + st.generation.max_new_tokens + 64}
     if quant == "fp8":
         kw["quantization"] = "fp8"
     spec = speculative_config(cfg, cell)
     if spec is not None:
         kw["speculative_config"] = spec
-    kw.update(cfg.get("vllm", {}) or {})
+    kw.update(st.vllm)
     return kw
 
 
@@ -153,10 +153,10 @@ def sampling_kwargs(cfg: dict, cell: dict, max_tokens: int | None = None) -> dic
     """Keyword arguments for vllm.SamplingParams(...): temperature, max_tokens (new tokens), ignore_eos.
 
     The seed goes to LLM(seed=...), not per request (seeded requests take a slower sampling path)."""
-    gen = cfg.get("generation", {})
+    gen = Study.from_dict(cfg).generation
     return {"temperature": float(cell["temperature"]),
-            "max_tokens": int(max_tokens if max_tokens is not None else gen.get("max_new_tokens", 32)),
-            "ignore_eos": bool(gen.get("ignore_eos", True))}
+            "max_tokens": int(max_tokens if max_tokens is not None else gen.max_new_tokens),
+            "ignore_eos": bool(gen.ignore_eos)}
 
 
 # ---------------------------------------------------------------- metrics (pure, duck-typed)
@@ -257,14 +257,13 @@ def run_static(llm, sampling_cls, cfg: dict, cell: dict, plist: list[dict]):
     """Static batches of `batch` requests through llm.generate; warm-up batch first (not recorded).
 
     Returns (request rows, batch rows, acceptance summary over the timed batches)."""
-    timing = cfg.get("timing", {})
-    bs = cell["batch"]
-    n_req = max(bs, cell.get("requests") or cfg.get("prompts", {}).get("min_requests", bs))
-    n_req = -(-n_req // bs) * bs  # whole batches only, as in the torch engine
-    repeats = max(timing.get("repeats", 2), -(-timing.get("min_timed_batches", 1) // (n_req // bs)))
+    st, c = Study.from_dict(cfg), Cell.from_dict(cell)
+    bs = c.batch
+    n_req = st.requests_per_cell(c)  # whole batches, as in the torch engine
+    repeats = st.timed_repeats(c)
     chosen = [plist[i % len(plist)] for i in range(n_req)]
     params = sampling_cls(**sampling_kwargs(cfg, cell))
-    warm = sampling_cls(**sampling_kwargs(cfg, cell, max_tokens=timing.get("warmup_steps", 4)))
+    warm = sampling_cls(**sampling_kwargs(cfg, cell, max_tokens=st.timing.warmup_steps))
     llm.generate([{"prompt_token_ids": p["ids"]} for p in chosen[:bs]], warm, use_tqdm=False)
     before = spec_counters(llm.get_metrics())
     reqs, batches = [], []
@@ -355,6 +354,7 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
     plist = _tokenized_prompts(cfg)
     versions = rawdata.versions()
     versions.setdefault("vllm", getattr(sys.modules.get("vllm"), "__version__", "unknown"))
+    rawdata.git_state()  # read now, before the first cell: the code this process imported
     chash = cfgmod.config_hash(cfg)
     llm, llm_key = None, None
     try:

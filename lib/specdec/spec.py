@@ -1,0 +1,131 @@
+"""Typed views of a study config and its cells: what harness and vLLM runner read, with every default in
+one place (the YAML stays the stored, hashed form; these are built from it and reject unknown keys).
+
+Units: tokens for lengths, seconds nowhere (timing counts repeats, steps and batches).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from .errors import SpecdecError
+
+
+def _build(cls, data, where: str):
+    data = data or {}
+    if not isinstance(data, dict):
+        raise SpecdecError(f"{where} must be a mapping, got {type(data).__name__}")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise SpecdecError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return cls(**data)
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """sets: prompt sets (prompts.py); per_set: prompts per set; max_prompt_tokens: prompts are cut to their
+    last this many tokens; min_requests: requests per static cell (at least one batch); requests: requests
+    per continuous-batching (poisson) cell."""
+
+    sets: tuple = ("humaneval",)
+    per_set: int = 8
+    max_prompt_tokens: int = 512
+    min_requests: int | None = None
+    requests: int = 16
+
+
+@dataclass(frozen=True)
+class Generation:
+    """max_new_tokens per request; temperature default (cells set their own); ignore_eos: always generate
+    max_new_tokens; ngram_max/ngram_min: n-gram lookup lengths; ngram_match: earliest | latest (ngram.py)."""
+
+    max_new_tokens: int = 32
+    temperature: float = 0.0
+    ignore_eos: bool = True
+    ngram_max: int = 3
+    ngram_min: int = 1
+    ngram_match: str = "latest"  # config.LEGACY_NGRAM_MATCH: a config without the key means the old rule
+
+
+@dataclass(frozen=True)
+class Timing:
+    """warmup_steps: untimed decode steps before timing a cell; repeats: timed passes over the cell's
+    requests; min_timed_batches: at least this many timed batches (more repeats if needed); warmup_forwards:
+    untimed forwards per hardware cell."""
+
+    warmup_steps: int = 2
+    repeats: int = 2
+    min_timed_batches: int = 1
+    warmup_forwards: int = 1
+
+
+@dataclass(frozen=True)
+class Study:
+    """A study config after the profile's overrides (config.load_study), typed."""
+
+    pair: str
+    study: str = ""
+    profile: str | None = None
+    grid: object = None
+    description: str = ""
+    dtype: str | None = None  # None: float32 in the torch engine, "auto" in vLLM
+    draft_dtype: str | None = None
+    draft_quant: str = "none"
+    seed: int = 0
+    threads: int | None = None
+    protocol: int = 1
+    vllm: dict = field(default_factory=dict)
+    prompts: Prompts = Prompts()
+    generation: Generation = Generation()
+    timing: Timing = Timing()
+
+    @classmethod
+    def from_dict(cls, cfg: dict) -> "Study":
+        name = f"config {cfg.get('study', '?')}.yaml"
+        if "pair" not in cfg:
+            raise SpecdecError(f"{name}: needs a 'pair'")
+        top = {k: v for k, v in cfg.items() if k not in ("prompts", "generation", "timing")}
+        st = _build(cls, top, name)
+        prompts = dict(cfg.get("prompts") or {})
+        if "sets" in prompts:
+            prompts["sets"] = tuple(prompts["sets"])
+        return _replace(st, prompts=_build(Prompts, prompts, f"{name}: prompts"),
+                        generation=_build(Generation, cfg.get("generation"), f"{name}: generation"),
+                        timing=_build(Timing, cfg.get("timing"), f"{name}: timing"), vllm=dict(cfg.get("vllm") or {}))
+
+    def requests_per_cell(self, cell: "Cell") -> int:
+        """Requests of a static cell: the cell's `requests`, else prompts.min_requests, never below one batch,
+        rounded up to whole batches (a partial last batch would not be batch size `batch`)."""
+        n = max(cell.batch, cell.requests or self.prompts.min_requests or cell.batch)
+        return -(-n // cell.batch) * cell.batch
+
+    def timed_repeats(self, cell: "Cell") -> int:
+        """Timed passes over a static cell's requests: timing.repeats, more when min_timed_batches needs it."""
+        per_pass = self.requests_per_cell(cell) // cell.batch
+        return max(self.timing.repeats, -(-self.timing.min_timed_batches // per_pass))
+
+
+def _replace(obj, **kw):
+    from dataclasses import replace
+    return replace(obj, **kw)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One grid point (config.py): batch (sequences), k (proposed tokens), proposer, temperature, alpha
+    (forced acceptance or None), quant, rate (arrivals/s), context (KV tokens), requests, mode."""
+
+    batch: int
+    k: int
+    mode: str = "static"
+    proposer: str = "draft"
+    temperature: float = 0.0
+    alpha: float | None = None
+    quant: str = "none"
+    rate: float | None = None
+    context: int | None = None
+    requests: int | None = None
+
+    @classmethod
+    def from_dict(cls, cell: dict) -> "Cell":
+        return _build(cls, {k: v for k, v in cell.items() if v is not None or k in ("alpha",)}, "cell")

@@ -1,0 +1,113 @@
+"""One module per study stem (configs/<stem>.yaml, data/raw/<gpu>/<stem>/, notebooks/<stem>.ipynb,
+figures/<gpu>/<stem>-*): each says which tables the study computes and which figures it draws from them.
+
+  compute(stem, gpu) -> Outputs   every table of the study (views: measured or predicted), with its note
+  draw(outputs)      -> {name: Figure}   figures from the tables alone: nothing is recomputed
+  Outputs.save() writes build/<gpu>/<name>.csv and build/<gpu>/<stem>-notes.json;
+  Outputs.load(stem, gpu) reads them back, so `specdec figures --gpu G` re-draws without recomputing.
+
+A study module defines SOURCE (the study whose views.mode labels its figures, or None), tables(gpu) ->
+({name: DataFrame}, {name: note}), figures(outputs) -> {name: Figure} (figures.py functions on the tables
+only) and optionally files(outputs) -> {filename: text}. figures.OUTPUTS lists what each study writes.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from .. import figures, views
+from ..errors import SpecdecError
+
+STEMS = ("batch", "acceptance", "hardware", "alternatives", "validation", "bench", "claims", "goals")
+
+
+def module(stem: str):
+    if stem not in STEMS:
+        raise SpecdecError(f"unknown study '{stem}'; known: {', '.join(STEMS)}")
+    return importlib.import_module(f"{__name__}.{stem}")
+
+
+@dataclass
+class Outputs:
+    """The tables of one study on one profile: DataFrames by name, and notes (why a table is empty, or a
+    short text a figure shows) by name."""
+
+    stem: str
+    gpu: str
+    tables: dict = field(default_factory=dict)
+    notes: dict = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> pd.DataFrame:
+        return self.tables[name]
+
+    def note(self, name: str) -> str:
+        return self.notes.get(name, "")
+
+    def save(self) -> None:
+        """build/<gpu>/<name>.csv per table, <stem>-notes.json, and the study's text files (claims.md, ...)."""
+        for name, df in self.tables.items():
+            figures.save_table(df, self.gpu, name)
+        figures.save_text(json.dumps(self.notes, indent=1, sort_keys=True), self.gpu, f"{self.stem}-notes.json")
+        files = getattr(module(self.stem), "files", None)
+        for name, text in (files(self) if files else {}).items():
+            figures.save_text(text, self.gpu, name)
+
+    @classmethod
+    def load(cls, stem: str, gpu: str) -> "Outputs":
+        """The tables a previous compute().save() wrote under build/<gpu>/; a missing one is a one-line error."""
+        folder = figures.build_dir(gpu)
+        out = cls(stem, gpu)
+        for name in figures.OUTPUTS[stem]["tables"]:
+            path = folder / f"{name}.csv"
+            if not path.exists():
+                raise SpecdecError(f"no saved table {path} (run `make nb-{stem} GPU={gpu}` first)")
+            try:
+                out.tables[name] = pd.read_csv(path)
+            except pd.errors.EmptyDataError:
+                out.tables[name] = pd.DataFrame()
+        notes = folder / f"{stem}-notes.json"
+        out.notes = json.loads(notes.read_text()) if notes.exists() else {}
+        return out
+
+
+def compute(stem: str, gpu: str) -> Outputs:
+    """Every table of a study on `gpu`, computed now from the processed tables (or predicted)."""
+    tabs, notes = module(stem).tables(gpu)
+    return Outputs(stem, gpu, tabs, {k: v for k, v in notes.items() if v})
+
+
+def draw(out: Outputs) -> dict:
+    """The study's figures from its tables, each stamped with where its numbers come from."""
+    mod = module(out.stem)
+    figs = mod.figures(out)
+    want = figures.OUTPUTS[out.stem]["figures"]
+    if list(figs) != want:
+        raise SpecdecError(f"study {out.stem} drew {list(figs)}, figures.OUTPUTS lists {want}")
+    if mod.SOURCE:
+        src = views.mode(out.gpu, mod.SOURCE)
+        figs = {name: figures.stamp(fig, src) for name, fig in figs.items()}
+    return figs
+
+
+def save_figures(figs: dict, gpu: str, close: bool = False) -> None:
+    """figures/<gpu>/<name>.png|pdf per figure (close: free them; a notebook keeps them to show them)."""
+    for name, fig in figs.items():
+        figures.save(fig, gpu, name)
+        if close:
+            figures.plt.close(fig)
+
+
+def redraw(gpu: str, stems=None, echo=print) -> list[str]:
+    """Re-draw the figures of each study from its saved tables (no measurement, no bootstrap)."""
+    done = []
+    for stem in stems or STEMS:
+        if not figures.OUTPUTS[stem]["figures"]:
+            continue
+        figs = draw(Outputs.load(stem, gpu))
+        save_figures(figs, gpu, close=True)
+        echo(f"{stem}: {', '.join(figs)} -> {figures.figures_dir(gpu)}")
+        done += list(figs)
+    return done

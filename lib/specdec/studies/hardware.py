@@ -1,0 +1,18 @@
+"""Study "hardware": forward-pass cost of target and draft, draft overhead per profile."""
+from .. import analysis, views
+from .. import figures as F
+
+SOURCE = "hardware"
+
+
+def tables(gpu: str):
+    ac, ac_note = analysis.safe(analysis.overhead_across_profiles)
+    return ({"hardware-forward": views.forward_times(gpu), "hardware-overhead": views.forward_ratio(gpu),
+             "hardware-profiles": ac, "hardware-profile-status": analysis.profile_status()},
+            {"hardware-profiles": ac_note})
+
+
+def figures(out):
+    return {"hardware-forward": F.hardware_forward(out["hardware-forward"], out.gpu),
+            "hardware-overhead": F.hardware_overhead(out["hardware-overhead"], out.gpu),
+            "hardware-profiles": F.hardware_profiles(out["hardware-profiles"], out.note("hardware-profiles"))}

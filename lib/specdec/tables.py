@@ -1,0 +1,309 @@
+"""Processed tables: the raw runs of a study, from either engine, in one schema (the layer between data/raw
+and every analysis, prediction, claim and figure; nothing above it reads raw folders or knows an engine).
+
+`python -m specdec tables --gpu G` writes build/<gpu>/tables/<study>/<name>.parquet and a manifest.json
+naming the raw runs they came from (run ids and sha256 of their meta.json). `load()` reads those files when
+the manifest matches data/raw as it is now, and otherwise builds the tables from raw in memory, so a stale
+build/ can never be read.
+
+Tables (one row per ...), with run keys (profile, engine, pair, run_id) and the cell keys (config.py) on
+every row except `runs`:
+  runs       complete run of the study's current config: run keys, cell keys, config_sha256, has_steps
+  batches    timed static batch: repeat, batch_idx, size, steps, decode_tokens, decode_s (s, prefill
+             excluded for both engines), prefill_s, cpu_util, ...
+  requests   request: prompt_set, prompt_idx, new_tokens, arrival_s/admitted_s/first_token_s/finish_s (s)
+  steps      engine step (torch engine only): draft_s, verify_s, other_s (s), per-sequence lists accepted,
+             proposed, active, rids
+  forwards   timed forward pass (hardware study): model, batch, query, context, tokens, seconds
+  bench      ours-vs-transformers call (bench study): impl, repeat, batch_idx, seconds, same_output
+  lengths    accept-length histogram per acceptance unit: length (draft tokens accepted by one step, 0..k),
+             count (steps)
+  positions  acceptance counts per unit and draft position (1..k): tried, accepted, proposed
+
+Acceptance units: a request (repeat, batch_idx, rid) for the torch engine, which traces every step; the whole
+run (unit "all", prompt_set "all") for vLLM, whose counters are aggregate. Bootstrap intervals resample units.
+
+The one acceptance definition: a step *tries* position j when j <= k and its first j-1 draft tokens were
+accepted, and *accepts* it when its first j were. A position the proposer left empty (n-gram lookup
+proposing fewer than k) is tried and rejected: that is what happens to the step's throughput, what predicts
+tokens per step at any k' <= k (acceptance.py), and what vLLM's counters imply (tried at j = accepted at
+j-1). `proposed` counts tried positions that held a real token (n-gram coverage; unknown, NaN, for vLLM).
+vLLM counts only steps that proposed something (num_drafts); the torch engine counts every step.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import config as cfgmod
+from . import paths, rawdata
+from .errors import SpecdecError
+
+RAW = ("batches", "requests", "steps", "forwards", "bench")
+DERIVED = ("lengths", "positions")
+NAMES = ("runs",) + RAW + DERIVED
+RUN_KEYS = ["profile", "engine", "pair", "run_id"]
+CELL_KEYS = list(cfgmod.GRID_KEYS)
+UNIT_KEYS = ["repeat", "batch_idx", "rid"]
+_FLOAT_KEYS = ("alpha", "rate", "context", "requests")
+_TEXT_KEYS = ("mode", "proposer", "quant", "profile", "engine", "run_id", "pair")
+
+_warned: set[str] = set()
+
+
+def _warn(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        print(f"warning: {msg}", file=sys.stderr)
+
+
+def folder(gpu: str, study: str) -> Path:
+    return paths.build_root() / gpu / "tables" / study
+
+
+def _where(gpu: str, study: str) -> str:
+    f = paths.raw_root() / gpu / study
+    try:
+        return str(f.relative_to(paths.root()))
+    except ValueError:
+        return str(f)
+
+
+def _check(gpu: str, study: str, name: str | None = None) -> None:
+    if not gpu:
+        raise SpecdecError("no hardware profile given (gpu=...), e.g. 'cpu' or 'fixture'")
+    if study not in cfgmod.study_names():
+        raise SpecdecError(f"unknown study '{study}'; known: {', '.join(cfgmod.study_names())}")
+    if name is not None and name not in NAMES:
+        raise SpecdecError(f"unknown table '{name}'; known: {', '.join(NAMES)}")
+
+
+def signature(gpu: str, study: str) -> tuple:
+    """(run folder, sha256 of its meta.json) of every complete run: what the tables are built from."""
+    complete, partial = rawdata.scan(gpu, study)
+    for f in partial:
+        _warn(f"skipping partial run {f} (no complete meta.json)")
+    sig = [("raw", str(paths.raw_root()))]  # the same run names under another raw root are other runs
+    for f in complete:
+        try:
+            sig.append((f.name, hashlib.sha256((f / "meta.json").read_bytes()).hexdigest()))
+        except OSError:
+            pass
+    return tuple(sig)
+
+
+# -- normalisation -----------------------------------------------------------------------------------------
+def _normalise(df: pd.DataFrame) -> pd.DataFrame:
+    """Cell keys typed the same way for every engine: floats (NaN = unset), text (None = unset)."""
+    df = df.copy()
+    for key in _FLOAT_KEYS:
+        df[key] = pd.to_numeric(df[key], errors="coerce").astype(float) if key in df else np.nan
+    for key in _TEXT_KEYS:
+        if key in df:
+            df[key] = df[key].astype(object).where(df[key].notna(), None)
+    if "mode" in df:
+        df["mode"] = df["mode"].fillna("static")
+    if "quant" in df:
+        df["quant"] = df["quant"].fillna("none")
+    if "temperature" in df:
+        df["temperature"] = pd.to_numeric(df["temperature"], errors="coerce").astype(float)
+    return df.reset_index(drop=True)
+
+
+def _runs(metas: list[tuple[Path, dict]]) -> pd.DataFrame:
+    rows = [{"profile": m["profile"], "engine": m.get("engine", "torch"), "pair": m["config"].get("pair"),
+             "run_id": m["run_id"], **{k: m["cell"].get(k) for k in CELL_KEYS},
+             "config_sha256": m.get("config_sha256"), "has_steps": (f / "steps.parquet").exists()}
+            for f, m in metas]
+    return _normalise(pd.DataFrame(rows))
+
+
+# -- acceptance: one definition ------------------------------------------------------------------------------
+def position_counts(length: np.ndarray, k: int, proposed: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Per-position counts (arrays of k) from accept lengths n (one per step) under the one definition:
+    tried[j] = #(n >= j-1), accepted[j] = #(n >= j); proposed[j] = #(tried at j and >= j real tokens)."""
+    n = np.asarray(length, int)[:, None]
+    pos = np.arange(1, k + 1)[None, :]
+    tried = n >= pos - 1
+    out = {"tried": tried.sum(0), "accepted": (n >= pos).sum(0)}
+    if proposed is not None:
+        out["proposed"] = (tried & (np.asarray(proposed, int)[:, None] >= pos)).sum(0)
+    else:
+        out["proposed"] = np.full(k, np.nan)
+    return out
+
+
+def _unit_frames(keys: dict, unit: dict, k: int, length: np.ndarray, proposed) -> tuple[list, list]:
+    vals, counts = np.unique(np.asarray(length, int), return_counts=True)
+    lengths = [{**keys, **unit, "length": int(v), "count": int(c)} for v, c in zip(vals, counts)]
+    pc = position_counts(length, k, proposed)
+    positions = [{**keys, **unit, "position": j + 1, "tried": int(pc["tried"][j]),
+                  "accepted": int(pc["accepted"][j]), "proposed": pc["proposed"][j]} for j in range(k)]
+    return lengths, positions
+
+
+def _from_steps(steps: pd.DataFrame, requests: pd.DataFrame | None) -> tuple[list, list]:
+    """Torch engine: one unit per request, from the active entries of speculative steps."""
+    s = steps[(steps["k"] > 0) & (steps["mode"] != "forward")]
+    if s.empty:
+        return [], []
+    e = s[RUN_KEYS + CELL_KEYS + ["repeat", "batch_idx", "accepted", "proposed", "active", "rids"]].explode(
+        ["accepted", "proposed", "active", "rids"])
+    e = e[e["active"].astype(bool)].rename(columns={"rids": "rid"})
+    e = e.astype({"accepted": int, "proposed": int, "rid": int})
+    if requests is not None and len(requests):
+        r = requests[["run_id"] + UNIT_KEYS + ["prompt_set", "prompt_idx"]]
+        e = e.merge(r, on=["run_id"] + UNIT_KEYS, how="left")
+    else:
+        e["prompt_set"], e["prompt_idx"] = None, np.nan
+    e["prompt_set"] = e["prompt_set"].astype(object).fillna("unknown")
+    lengths, positions = [], []
+    group = RUN_KEYS + UNIT_KEYS
+    for _, g in e.groupby(group, sort=False):
+        first = g.iloc[0]
+        keys = {c: first[c] for c in RUN_KEYS + CELL_KEYS}
+        unit = {**{c: first[c] for c in UNIT_KEYS}, "prompt_set": first["prompt_set"],
+                "prompt_idx": first["prompt_idx"]}
+        lo, po = _unit_frames(keys, unit, int(first["k"]), g["accepted"].to_numpy(), g["proposed"].to_numpy())
+        lengths += lo
+        positions += po
+    return lengths, positions
+
+
+def _from_counters(metas: list[tuple[Path, dict]]) -> tuple[list, list]:
+    """vLLM: one unit per run, from acceptance.json (num_drafts, num_accepted_tokens_per_pos)."""
+    lengths, positions = [], []
+    for f, m in metas:
+        path = f / "acceptance.json"
+        k = int(m["cell"].get("k") or 0)
+        if (f / "steps.parquet").exists() or not path.exists() or k == 0:
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            _warn(f"unreadable {path}")
+            continue
+        drafts = int(data.get("num_drafts") or 0)
+        per_pos = [int(x) for x in data.get("num_accepted_tokens_per_pos", [])][:k]
+        if not drafts:
+            continue
+        per_pos += [0] * (k - len(per_pos))
+        at_least = np.array([drafts] + per_pos + [0])  # steps accepting >= j tokens, j = 0..k+1
+        length = np.repeat(np.arange(k + 1), at_least[:-1] - at_least[1:])
+        keys = {"profile": m["profile"], "engine": m.get("engine", "vllm"), "pair": m["config"].get("pair"),
+                "run_id": m["run_id"], **{c: m["cell"].get(c) for c in CELL_KEYS}}
+        unit = {"repeat": np.nan, "batch_idx": np.nan, "rid": np.nan, "prompt_set": "all", "prompt_idx": np.nan}
+        lo, po = _unit_frames(keys, unit, k, length, None)
+        lengths += lo
+        positions += po
+    return lengths, positions
+
+
+# -- build, write, load ----------------------------------------------------------------------------------------
+def build(gpu: str, study: str) -> dict[str, pd.DataFrame]:
+    """Every table of a study on a profile, built from data/raw now (tables no run has are left out)."""
+    _check(gpu, study)
+    return dict(_build_cached(gpu, study, signature(gpu, study)))
+
+
+@lru_cache(maxsize=32)
+def _build_cached(gpu: str, study: str, sig: tuple) -> tuple:
+    if len(sig) <= 1:
+        raise SpecdecError(f"no complete raw runs of study '{study}' for profile '{gpu}' in "
+                           f"{_where(gpu, study)} (measure first: python -m specdec measure --study {study} "
+                           f"--gpu {gpu})")
+    metas = rawdata.current_runs(study, gpu, warn=lambda m: _warn(m) if "older config" in m else None)
+    out = {"runs": _runs(metas)}
+    for name in RAW:
+        try:
+            out[name] = _normalise(rawdata.load(study, gpu, name, warn=lambda _m: None))
+        except SpecdecError:
+            continue
+    lt, pt = _from_counters(metas)
+    ls, ps = _from_steps(out["steps"], out.get("requests")) if "steps" in out else ([], [])
+    if lt or ls:
+        out["lengths"] = _normalise(pd.DataFrame(ls + lt))
+        out["positions"] = _normalise(pd.DataFrame(ps + pt))
+    return tuple(out.items())
+
+
+def write(gpu: str, studies: list[str] | None = None, echo=print) -> list[Path]:
+    """Write every table of each study that has raw runs on `gpu` (all of them, or `studies`); returns the
+    manifest paths (none for a profile without raw runs: its views are predicted)."""
+    for study in studies or []:
+        _check(gpu, study)
+    names = studies or [s for s in cfgmod.study_names() if rawdata.scan(gpu, s)[0]]
+    if not names:
+        echo(f"no raw runs for profile '{gpu}' under {paths.raw_root() / gpu}: nothing to tabulate")
+    written = []
+    for study in names:
+        sig = signature(gpu, study)
+        out = folder(gpu, study)
+        manifest = out / "manifest.json"
+        if _manifest_matches(manifest, sig):
+            written.append(manifest)
+            continue
+        tabs = build(gpu, study)
+        out.mkdir(parents=True, exist_ok=True)
+        for old in out.glob("*.parquet"):
+            old.unlink()
+        for name, df in tabs.items():
+            df.to_parquet(out / f"{name}.parquet", index=False)
+        manifest.write_text(json.dumps({"gpu": gpu, "study": study, "raw_root": sig[0][1],
+                                        "runs": [list(s) for s in sig[1:]],
+                                        "tables": sorted(tabs)}, indent=1))
+        echo(f"{study}: {', '.join(f'{n} ({len(d)})' for n, d in tabs.items())} -> {out}")
+        written.append(manifest)
+    return written
+
+
+def _manifest_matches(manifest: Path, sig: tuple) -> bool:
+    try:
+        m = json.loads(manifest.read_text())
+        return [("raw", m["raw_root"])] + [tuple(r) for r in m["runs"]] == list(sig)
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        return False
+
+
+def load(gpu: str, study: str, name: str) -> pd.DataFrame:
+    """One processed table (a copy): from build/ when it matches data/raw, else built now. A table no run of
+    the study has is a one-line SpecdecError that says why."""
+    _check(gpu, study, name)
+    sig = signature(gpu, study)
+    tabs = _read_cached(str(folder(gpu, study)), sig) if len(sig) > 1 else None
+    if tabs is None:
+        tabs = dict(_build_cached(gpu, study, sig))
+    if name not in tabs:
+        engines = set(tabs["runs"]["engine"])
+        why = " (vLLM runs record no per-step traces)" if name == "steps" and "vllm" in engines else ""
+        raise SpecdecError(f"the runs of study '{study}' on profile '{gpu}' have no '{name}' table{why}")
+    return tabs[name].copy()
+
+
+@lru_cache(maxsize=32)
+def _read_cached(where: str, sig: tuple) -> dict | None:
+    out = Path(where)
+    if not _manifest_matches(out / "manifest.json", sig):
+        return None
+    return {p.stem: pd.read_parquet(p) for p in out.glob("*.parquet")}
+
+
+def runs(gpu: str, study: str) -> pd.DataFrame:
+    """The `runs` table: one row per complete run of the study's current config."""
+    return load(gpu, study, "runs")
+
+
+def profiles(study: str | None = None) -> list[str]:
+    """Profiles that have at least one complete run (of `study`, if given)."""
+    complete, _ = rawdata.scan(None, study)
+    return sorted({f.parent.parent.name for f in complete})
+
+
+def has_runs(gpu: str, study: str) -> bool:
+    return bool(rawdata.scan(gpu, study)[0])
