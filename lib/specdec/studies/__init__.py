@@ -65,7 +65,9 @@ class Outputs:
             if not path.exists():
                 raise SpecdecError(f"no saved table {path} (run `make nb-{stem} GPU={gpu}` first)")
             try:
-                out.tables[name] = pd.read_csv(path)
+                df = pd.read_csv(path)
+                text = df.select_dtypes("object").columns  # CSV cannot tell "" from missing: text stays text
+                out.tables[name] = df.fillna({c: "" for c in text})
             except pd.errors.EmptyDataError:
                 out.tables[name] = pd.DataFrame()
         notes = folder / f"{stem}-notes.json"
