@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 import numpy as np
@@ -309,10 +308,7 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
             reqs, steps, batches = runner(cfg, cell, target, draft, plist, tok)
             tables = {"requests": pd.DataFrame(reqs), "steps": pd.DataFrame(steps),
                       "batches": pd.DataFrame(batches)}
-        meta = {"study": study, "run_id": folder.name, "profile": profile_name, "cell": cell, "config": cfg,
-                "config_sha256": chash, "hardware": machine, "versions": rawdata.versions(),
-                "git": rawdata.git_state(), "command": "python -m specdec " + " ".join(sys.argv[1:]), "engine": "torch",
-                "device": device, "started": started, "loadavg_start": load0, "loadavg_end": os.getloadavg()}
-        rawdata.write_run(folder, tables, meta)
+        rawdata.write_run(folder, tables, rawdata.run_meta(study, folder, profile_name, cell, cfg, machine,
+                                                           "torch", str(device), started, load0))
         ran += 1
     return {"cells": len(todo), "ran": ran, "pending": total - ran}

@@ -91,6 +91,20 @@ def set_aside_partial(folder: Path) -> Path | None:
     return None
 
 
+def run_meta(study: str, folder: Path, profile: str, cell: dict, cfg: dict, machine: dict, engine: str,
+             device: str, started: str, loadavg_start, versions_: dict | None = None, **extra) -> dict:
+    """The meta.json of one finished cell, the same keys for both engines: study, run_id, profile, cell,
+    config and its sha256, hardware, versions, git (read once per process), command, engine, device, started
+    (local time), loadavg_start/end (1/5/15-minute load averages), plus engine-specific `extra` keys."""
+    from . import config
+
+    return {"study": study, "run_id": folder.name, "profile": profile, "cell": cell, "config": cfg,
+            "config_sha256": config.config_hash(cfg), "hardware": machine,
+            "versions": versions_ if versions_ is not None else versions(), "git": git_state(),
+            "command": "python -m specdec " + " ".join(sys.argv[1:]), "engine": engine, "device": device,
+            "started": started, "loadavg_start": loadavg_start, "loadavg_end": os.getloadavg(), **extra}
+
+
 def pending_cells(profile: str, study: str, cells: list[dict], run_id, echo=print, prepare=None):
     """The resume rule shared by both engines: (pending, unsupported) for a study's cells.
 

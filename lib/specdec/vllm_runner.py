@@ -355,7 +355,6 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
     versions = rawdata.versions()
     versions.setdefault("vllm", getattr(sys.modules.get("vllm"), "__version__", "unknown"))
     rawdata.git_state()  # read now, before the first cell: the code this process imported
-    chash = cfgmod.config_hash(cfg)
     llm, llm_key = None, None
     try:
         for i in tqdm(order, desc=f"{study}/{profile_name}/vllm", unit="cell"):
@@ -376,13 +375,9 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
             reqs, batches, acceptance = run_static(llm, SamplingParams, cfg, cell, plist)
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "acceptance.json").write_text(json.dumps(acceptance, indent=2, sort_keys=True))
-            meta = {"study": study, "run_id": folder.name, "profile": profile_name, "cell": cell, "config": cfg,
-                    "config_sha256": chash, "hardware": machine, "versions": versions,
-                    "git": rawdata.git_state(), "command": "python -m specdec " + " ".join(sys.argv[1:]),
-                    "engine": "vllm", "device": "cuda", "started": started, "loadavg_start": load0,
-                    "loadavg_end": os.getloadavg(), "acceptance": acceptance,
-                    "vllm": {"llm_kwargs": kwargs, "sampling_kwargs": sampling_kwargs(cfg, cell)},
-                    "timing_notes": TIMING_NOTES}
+            meta = rawdata.run_meta(study, folder, profile_name, cell, cfg, machine, "vllm", "cuda", started,
+                                    load0, versions, acceptance=acceptance, timing_notes=TIMING_NOTES,
+                                    vllm={"llm_kwargs": kwargs, "sampling_kwargs": sampling_kwargs(cfg, cell)})
             rawdata.write_run(folder, {"requests": pd.DataFrame(reqs), "batches": pd.DataFrame(batches)}, meta)
             counts["ran"] += 1
     finally:
