@@ -106,3 +106,20 @@ def test_resample_fitted_without_residuals_is_stable_and_prior_varies_in_range()
     draws = [pr.resample(np.random.default_rng(s)).target.eff_mem for s in range(20)]
     lo, hi = costmodel.PRIOR_EFF_MEM[1]
     assert all(lo <= e <= hi for e in draws) and np.std(draws) > 0
+
+
+def test_attention_term_is_recovered_and_wins_cross_validation():
+    """Forwards whose cost has an attention part (new tokens x context) are fitted by the e term, and the
+    leave-one-out error says the form without it misfits; on data without that part the term stays ~0."""
+    from specdec.costmodel import LinearCost, fit_linear, loo_rel_rmse
+
+    rows = [{"batch": b, "query": q, "context": c} for b in (1, 4, 16, 64) for q in (1, 2, 4, 7) for c in (128, 512)]
+    grid = pd.DataFrame(rows)
+    truth = LinearCost(0.2, 2e-3, 3e-6, 0.0, 6e-6)
+    with_attn = grid.assign(seconds=truth.seconds(grid["batch"], grid["query"], grid["context"]))
+    f = fit_linear(with_attn)
+    assert f.cost.e == pytest.approx(truth.e, rel=1e-3) and f.summary()["rel_rmse"] < 1e-6
+    assert loo_rel_rmse(f.points, 4) > 0.1 > loo_rel_rmse(f.points, 5)
+    plain = LinearCost(0.2, 2e-3, 3e-6)
+    without = grid.assign(seconds=plain.seconds(grid["batch"], grid["query"], grid["context"]))
+    assert fit_linear(without).cost.e == pytest.approx(0.0, abs=1e-12)

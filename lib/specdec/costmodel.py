@@ -4,7 +4,8 @@ A forward appends `query` tokens to each of `batch` sequences that already hold 
 cost depends on batched tokens (batch*query) and KV tokens (batch*context). Three sources, always labelled:
 
   * "fitted": least squares on our own measurements (study "hardware", table "forwards"):
-        t = a + b * (batch*query) + c * (batch*context)        [s, s/token, s/KV token], a, b, c >= 0,
+        t = a + b * (batch*query) + c * (batch*context) + d * [batch*query > 1] + e * (batch*query*context)
+        [s, s/token, s/KV token, s, s per token-pair], all >= 0 (LinearCost),
     fitted on the median of the repeats of each (model, batch, query, context) point, with relative
     weights (minimises sum ((y - t)/y)^2, so small forwards count as much as big ones);
   * "prior": a roofline from the profile's spec sheet (configs/hardware/<name>.yaml: peak_tflops,
@@ -93,20 +94,25 @@ def pair_sizes(pair: str) -> tuple[ModelSize, ModelSize]:
 
 @dataclass(frozen=True)
 class LinearCost:
-    """Fitted forward time t = a + b*tokens + c*kv_tokens + d*[tokens > 1]: a [s], b [s/token],
-    c [s/KV token], d [s] a step penalty for any forward of more than one token. On CPUs torch runs a
-    one-token forward as matrix-vector products and anything larger as GEMM, which here costs ~2x at
-    2 tokens (measured: data/raw/cpu/hardware); on GPUs the fit finds d ~ 0."""
+    """Fitted forward time t = a + b*tokens + c*kv_tokens + d*[tokens > 1] + e*tokens*context: a [s],
+    b [s/token], c [s/KV token] (reading the cache), d [s] a step penalty for any forward of more than one
+    token, e [s per (new token, KV token) pair] (attention scores: each new token attends to its sequence's
+    context, so verifying k+1 tokens costs k+1 times the attention of one). On CPUs torch runs a one-token
+    forward as matrix-vector products and anything larger as GEMM, which here costs ~2x at 2 tokens
+    (measured: data/raw/cpu/hardware); on GPUs the fit finds d ~ 0. The e term was chosen by leave-one-out
+    cross-validation on the hardware forwards (cross_validate), not on the batch-study cells."""
 
     a: float
     b: float
     c: float
     d: float = 0.0
+    e: float = 0.0
 
     def seconds(self, batch, query, context):
         """Seconds for one forward: `batch` sequences, `query` new tokens each, `context` KV tokens each."""
         tokens = batch * query
-        return self.a + self.b * tokens + self.c * batch * context + self.d * (np.asarray(tokens) > 1)
+        return (self.a + self.b * tokens + self.c * batch * context + self.d * (np.asarray(tokens) > 1)
+                + self.e * tokens * np.asarray(context))
 
 
 @dataclass(frozen=True)
@@ -157,9 +163,31 @@ class Fit:
                 "max_abs_rel": float(np.max(np.abs(r)))}
 
 
-def _design(points: pd.DataFrame) -> np.ndarray:
-    return np.column_stack([np.ones(len(points)), points["tokens"], points["kv_tokens"],
-                            points["tokens"] > 1]).astype(float)
+FORMS = {"without attention term": 4, "with attention term": 5}  # columns of the design used
+
+
+def _design(points: pd.DataFrame, columns: int = 5) -> np.ndarray:
+    return np.column_stack([np.ones(len(points)), points["tokens"], points["kv_tokens"], points["tokens"] > 1,
+                            points["tokens"] * points["context"]]).astype(float)[:, :columns]
+
+
+def loo_rel_rmse(points: pd.DataFrame, columns: int = 5) -> float:
+    """Leave-one-out relative rmse of the fit (fraction): each point predicted by a fit to all the others."""
+    X, y = _design(points, columns), points["seconds"].to_numpy(float)
+    errs = []
+    for i in range(len(y)):
+        keep = np.arange(len(y)) != i
+        errs.append(y[i] / (X[i] @ _nnls_relative(X[keep], y[keep])) - 1)
+    return float(np.sqrt(np.mean(np.square(errs))))
+
+
+def cross_validate(profile: str, pair: str | None = None) -> pd.DataFrame:
+    """Leave-one-out relative rmse of each cost-model form, per model, on the profile's hardware forwards
+    (the evidence for the e term): columns model, form, n, loo_rel_rmse (fraction)."""
+    cm = fit(profile, pair)
+    return pd.DataFrame([{"model": name, "form": form, "n": len(f.points),
+                          "loo_rel_rmse": loo_rel_rmse(f.points, cols)}
+                         for name, f in cm.fits.items() for form, cols in FORMS.items()])
 
 
 def _nnls_relative(X: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -168,7 +196,8 @@ def _nnls_relative(X: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def fit_linear(forwards: pd.DataFrame) -> Fit:
-    """Fit t = a + b*tokens + c*batch*context + d*[tokens > 1] (all >= 0) to forwards rows of ONE model.
+    """Fit t = a + b*tokens + c*batch*context + d*[tokens > 1] + e*tokens*context (all >= 0) to forwards
+    rows of ONE model.
 
     Needs columns batch, query, context, seconds (tokens = batch*query); repeats are reduced to medians."""
     if forwards.empty:
