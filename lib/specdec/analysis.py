@@ -188,8 +188,7 @@ def speedup(gpu: str, study: str = "batch") -> pd.DataFrame:
                        note="" if not np.isnan(lo) else "CI needs >= 2 timed batches in cell and baseline",
                        replicates=r)
         rows.append(out)
-    df = pd.DataFrame(rows)
-    return df[[c for c in df.columns if c != "replicates"] + ["replicates"]]
+    return pd.DataFrame(rows)
 
 
 # -- continuous batching (Poisson arrivals) --------------------------------------------------------------
@@ -266,23 +265,13 @@ UNIT = ["run_id", "repeat", "batch_idx", "rid"]
 
 def _acceptance(gpu: str, study: str, name: str, synthetic: bool | None) -> pd.DataFrame:
     """The lengths or positions table, real acceptance only (synthetic False), synthetic only (True) or both."""
-    df = load(study, gpu, name) if _has(gpu, study, name) else pd.DataFrame()
+    df = load(study, gpu, name) if name in tables.names(gpu, study) else pd.DataFrame()
     if len(df) and synthetic is not None:
         df = df[df["alpha"].notna() == synthetic]
     if df.empty:
         kind = {False: "real-acceptance ", True: "synthetic-acceptance ", None: ""}[synthetic]
         raise SpecdecError(f"study '{study}' on profile '{gpu}' has no {kind}speculative cells (k > 0)")
     return df
-
-
-def _has(gpu: str, study: str, name: str) -> bool:
-    try:
-        load(study, gpu, name)
-        return True
-    except SpecdecError as e:
-        if "no complete raw runs" in str(e):
-            raise
-        return False
 
 
 def _units(df: pd.DataFrame) -> np.ndarray:
@@ -638,8 +627,7 @@ def alternatives(gpu: str, study: str = "alternatives") -> pd.DataFrame:
                     extra={"mean_active": c["mean_active"]})
     if not rows:
         raise SpecdecError(f"study '{study}' on profile '{gpu}' has no alternative to compare with its baseline")
-    df = pd.DataFrame(rows)
-    return df[[c for c in df.columns if c != "replicates"] + ["replicates"]]
+    return pd.DataFrame(rows)
 
 
 

@@ -19,7 +19,7 @@ import json
 
 import yaml
 
-from . import paths
+from . import ngram, paths
 from .errors import SpecdecError
 from .spec import Study
 
@@ -27,10 +27,8 @@ GRID_KEYS = ("mode", "batch", "k", "proposer", "temperature", "alpha", "quant", 
 DEFAULTS = {"mode": ["static"], "proposer": ["draft"], "temperature": [0.0], "alpha": [None], "quant": ["none"],
             "rate": [None], "context": [None], "requests": [None]}
 MODES = ("static", "poisson", "forward", "hf")
-NGRAM_MATCH = ("earliest", "latest")
-# Runs measured before `generation.ngram_match` existed used the latest match; a config without the key means
-# that, and config_hash leaves the key out when it says "latest", so those runs keep their hash.
-LEGACY_NGRAM_MATCH = "latest"
+# Runs measured before `generation.ngram_match` existed used the latest match (ngram.LEGACY_MATCH); a config
+# without the key means that, and config_hash leaves the key out when it says so, so those runs keep their hash.
 
 
 def study_names() -> list[str]:
@@ -75,8 +73,8 @@ def validate(cfg: dict, name: str = "config") -> None:
     gen = cfg.get("generation", {})
     if gen.get("max_new_tokens", 1) < 1:
         raise SpecdecError(f"{name}: generation.max_new_tokens must be >= 1")
-    if gen.get("ngram_match", LEGACY_NGRAM_MATCH) not in NGRAM_MATCH:
-        raise SpecdecError(f"{name}: generation.ngram_match must be one of {', '.join(NGRAM_MATCH)}, "
+    if gen.get("ngram_match", ngram.LEGACY_MATCH) not in ngram.MATCH_RULES:
+        raise SpecdecError(f"{name}: generation.ngram_match must be one of {', '.join(ngram.MATCH_RULES)}, "
                            f"got {gen.get('ngram_match')!r}")
 
 
@@ -152,6 +150,6 @@ def config_hash(cfg: dict) -> str:
     generation.ngram_match when it is the legacy "latest" (runs from before the key keep their hash)."""
     body = {k: v for k, v in cfg.items() if k != "grid"}
     gen = body.get("generation")
-    if isinstance(gen, dict) and gen.get("ngram_match") == LEGACY_NGRAM_MATCH:
+    if isinstance(gen, dict) and gen.get("ngram_match") == ngram.LEGACY_MATCH:
         body["generation"] = {k: v for k, v in gen.items() if k != "ngram_match"}
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()

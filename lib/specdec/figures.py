@@ -8,6 +8,7 @@ notebook always writes the same set of files.
 """
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from pathlib import Path
@@ -126,8 +127,6 @@ def plot(title: str, size=(WIDTH, 4.0), empty=None, legend=True):
     Decorates draw(ax, df, gpu=..., **kwargs); the figure function is fn(df, gpu, note="", **kwargs).
     `empty(df)` -> a reason string when there is nothing to draw (default: df.empty)."""
     def wrap(draw):
-        import functools
-
         @functools.wraps(draw)
         def figure(df, gpu: str, note: str = "", **kwargs):
             name = title.format(gpu=gpu)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 MATCH_RULES = ("earliest", "latest")
+# What a config without generation.ngram_match means: the rule the engine used before the key existed.
+LEGACY_MATCH = "latest"
 
 
 def lookup(history: np.ndarray, k: int, max_n: int = 3, min_n: int = 1, match: str = "earliest") -> np.ndarray:

@@ -5,8 +5,9 @@ Units: tokens for lengths, seconds nowhere (timing counts repeats, steps and bat
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
+from . import ngram
 from .errors import SpecdecError
 
 
@@ -44,7 +45,7 @@ class Generation:
     ignore_eos: bool = True
     ngram_max: int = 3
     ngram_min: int = 1
-    ngram_match: str = "latest"  # config.LEGACY_NGRAM_MATCH: a config without the key means the old rule
+    ngram_match: str = ngram.LEGACY_MATCH  # a config without the key means the rule its runs were measured with
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ class Study:
         prompts = dict(cfg.get("prompts") or {})
         if "sets" in prompts:
             prompts["sets"] = tuple(prompts["sets"])
-        return _replace(st, prompts=_build(Prompts, prompts, f"{name}: prompts"),
+        return replace(st, prompts=_build(Prompts, prompts, f"{name}: prompts"),
                         generation=_build(Generation, cfg.get("generation"), f"{name}: generation"),
                         timing=_build(Timing, cfg.get("timing"), f"{name}: timing"), vllm=dict(cfg.get("vllm") or {}))
 
@@ -103,11 +104,6 @@ class Study:
         """Timed passes over a static cell's requests: timing.repeats, more when min_timed_batches needs it."""
         per_pass = self.requests_per_cell(cell) // cell.batch
         return max(self.timing.repeats, -(-self.timing.min_timed_batches // per_pass))
-
-
-def _replace(obj, **kw):
-    from dataclasses import replace
-    return replace(obj, **kw)
 
 
 @dataclass(frozen=True)

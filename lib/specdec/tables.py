@@ -84,18 +84,26 @@ def _check(gpu: str, study: str, name: str | None = None) -> None:
         raise SpecdecError(f"unknown table '{name}'; known: {', '.join(NAMES)}")
 
 
-def signature(gpu: str, study: str) -> tuple:
-    """(run folder, sha256 of its meta.json) of every complete run: what the tables are built from."""
+def signature(gpu: str, study: str) -> tuple[str, tuple]:
+    """What the tables are built from: (raw root, ((run folder, sha256 of its meta.json), ...) of every
+    complete run). The same run names under another raw root are other runs."""
     complete, partial = rawdata.scan(gpu, study)
     for f in partial:
         _warn(f"skipping partial run {f} (no complete meta.json)")
-    sig = [("raw", str(paths.raw_root()))]  # the same run names under another raw root are other runs
+    runs_ = []
     for f in complete:
         try:
-            sig.append((f.name, hashlib.sha256((f / "meta.json").read_bytes()).hexdigest()))
+            st = (f / "meta.json").stat()
+            runs_.append((f.name, _meta_sha(str(f / "meta.json"), st.st_mtime_ns, st.st_size)))
         except OSError:
             pass
-    return tuple(sig)
+    return str(paths.raw_root()), tuple(runs_)
+
+
+@lru_cache(maxsize=4096)
+def _meta_sha(path: str, mtime_ns: int, size: int) -> str:
+    """sha256 of a meta.json, read again only when the file changes (every load() asks for the signature)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 # -- normalisation -----------------------------------------------------------------------------------------
@@ -214,7 +222,7 @@ def build(gpu: str, study: str) -> dict[str, pd.DataFrame]:
 
 @lru_cache(maxsize=32)
 def _build_cached(gpu: str, study: str, sig: tuple) -> tuple:
-    if len(sig) <= 1:
+    if not sig[1]:
         raise SpecdecError(f"no complete raw runs of study '{study}' for profile '{gpu}' in "
                            f"{_where(gpu, study)} (measure first: python -m specdec measure --study {study} "
                            f"--gpu {gpu})")
@@ -255,8 +263,8 @@ def write(gpu: str, studies: list[str] | None = None, echo=print) -> list[Path]:
             old.unlink()
         for name, df in tabs.items():
             df.to_parquet(out / f"{name}.parquet", index=False)
-        manifest.write_text(json.dumps({"gpu": gpu, "study": study, "raw_root": sig[0][1],
-                                        "runs": [list(s) for s in sig[1:]],
+        manifest.write_text(json.dumps({"gpu": gpu, "study": study, "raw_root": sig[0],
+                                        "runs": [list(r) for r in sig[1]],
                                         "tables": sorted(tabs)}, indent=1))
         echo(f"{study}: {', '.join(f'{n} ({len(d)})' for n, d in tabs.items())} -> {out}")
         written.append(manifest)
@@ -266,19 +274,29 @@ def write(gpu: str, studies: list[str] | None = None, echo=print) -> list[Path]:
 def _manifest_matches(manifest: Path, sig: tuple) -> bool:
     try:
         m = json.loads(manifest.read_text())
-        return [("raw", m["raw_root"])] + [tuple(r) for r in m["runs"]] == list(sig)
+        return (m["raw_root"], tuple(tuple(r) for r in m["runs"])) == sig
     except (OSError, json.JSONDecodeError, KeyError, TypeError):
         return False
+
+
+def _tables(gpu: str, study: str) -> dict:
+    """Every table of a study: from build/ when its manifest matches data/raw, else built now (cached)."""
+    sig = signature(gpu, study)
+    tabs = _read_cached(str(folder(gpu, study)), sig) if sig[1] else None
+    return tabs if tabs is not None else dict(_build_cached(gpu, study, sig))
+
+
+def names(gpu: str, study: str) -> list[str]:
+    """The tables the runs of a study have (a profile without runs is a one-line SpecdecError)."""
+    _check(gpu, study)
+    return sorted(_tables(gpu, study))
 
 
 def load(gpu: str, study: str, name: str) -> pd.DataFrame:
     """One processed table (a copy): from build/ when it matches data/raw, else built now. A table no run of
     the study has is a one-line SpecdecError that says why."""
     _check(gpu, study, name)
-    sig = signature(gpu, study)
-    tabs = _read_cached(str(folder(gpu, study)), sig) if len(sig) > 1 else None
-    if tabs is None:
-        tabs = dict(_build_cached(gpu, study, sig))
+    tabs = _tables(gpu, study)
     if name not in tabs:
         engines = set(tabs["runs"]["engine"])
         why = " (vLLM runs record no per-step traces)" if name == "steps" and "vllm" in engines else ""
