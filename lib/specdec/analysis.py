@@ -17,7 +17,9 @@ Conventions
     replicates instead of recomputing them.
   * Speedup of a cell = its decode throughput / the decode throughput of the k=0 cell (proposer "none") at
     the same batch size, quant and mode (same temperature and `requests` when there is one). Baseline cells
-    have speedup exactly 1.
+    have speedup exactly 1. A paired cell (pairing.py: its batches carry a "base" arm run interleaved with
+    its own) takes its baseline from those base batches instead, and its interval resamples pairs, so both
+    sides of every ratio were measured minutes apart at most.
   * Acceptance follows the one definition of tables.py (a position the proposer left empty is a rejection).
 """
 from __future__ import annotations
@@ -75,7 +77,7 @@ def _replicates(fn):
     @functools.wraps(fn)
     def wrapper(*args, replicates: bool = False, **kwargs):
         df = fn(*args, **kwargs)
-        return df if replicates or "replicates" not in df else df.drop(columns="replicates")
+        return df if replicates else df.drop(columns=[c for c in ("replicates", "paired_replicates") if c in df])
     return wrapper
 
 
@@ -124,13 +126,7 @@ def _cell(row) -> dict:
 
 
 # -- throughput and speedup (static batches) -------------------------------------------------------------
-@_replicates
-def throughput(gpu: str, study: str = "batch") -> pd.DataFrame:
-    """Decode throughput per static cell, in generated tokens per second (all sequences of the batch).
-
-    Columns: run keys, cell keys, n_units (timed batches), decode_tokens, decode_s (seconds),
-    tokens_per_seq_step (decode tokens per sequence per engine step), throughput_tok_s = sum decode_tokens /
-    sum decode_s, tp_ci_lo/tp_ci_hi (95% bootstrap over batches x repeats)."""
+def _batches(gpu: str, study: str) -> pd.DataFrame:
     b = load(study, gpu, "batches")
     if b.empty or "decode_s" not in b:
         raise SpecdecError(f"study '{study}' on profile '{gpu}' has no static batches")
@@ -138,8 +134,39 @@ def throughput(gpu: str, study: str = "batch") -> pd.DataFrame:
     b = b[(b["mode"] == "static") & b["decode_s"].notna()]
     if b.empty:
         raise SpecdecError(f"study '{study}' on profile '{gpu}' has no static-batching cells")
+    return b
+
+
+def _paired(g: pd.DataFrame, *key) -> tuple[float, float, np.ndarray]:
+    """(base throughput tok/s, speedup, replicates) of a paired run: sum over pairs of cell tokens / cell s,
+    divided by the same over base batches; the bootstrap resamples pairs (both arms of a pair together)."""
+    cell = g[g["arm"] == "cell"].groupby("pair")[["decode_tokens", "decode_s"]].sum()
+    base = g[g["arm"] == "base"].groupby("pair")[["decode_tokens", "decode_s"]].sum()
+    both = cell.join(base, lsuffix="_c", rsuffix="_b", how="inner")
+    tc, sc = both["decode_tokens_c"].to_numpy(float), both["decode_s_c"].to_numpy(float)
+    tb, sb = both["decode_tokens_b"].to_numpy(float), both["decode_s_b"].to_numpy(float)
+    base_tp = tb.sum() / sb.sum()
+    est = (tc.sum() / sc.sum()) / base_tp
+    w = _weights(len(both), "pair", *key)
+    if w is None:
+        return base_tp, est, _nan_reps()
+    return base_tp, est, ((w @ tc) / (w @ sc)) / ((w @ tb) / (w @ sb))
+
+
+@_replicates
+def throughput(gpu: str, study: str = "batch") -> pd.DataFrame:
+    """Decode throughput per static cell, in generated tokens per second (all sequences of the batch).
+
+    Columns: run keys, cell keys, n_units (timed batches of the cell's own arm), decode_tokens, decode_s
+    (seconds), tokens_per_seq_step (decode tokens per sequence per engine step), throughput_tok_s = sum
+    decode_tokens / sum decode_s, tp_ci_lo/tp_ci_hi (95% bootstrap over batches x repeats); for paired runs
+    also paired_base_tok_s (its interleaved no-SD batches), paired_speedup and paired_replicates."""
+    b = _batches(gpu, study)
     rows = []
     for run_id, g in b.groupby("run_id", sort=False):
+        paired = "arm" in g and (g["arm"] == "base").any()
+        base_tp, psp, preps = _paired(g, gpu, study, run_id) if paired else (np.nan, np.nan, None)
+        g = g[g["arm"] == "cell"] if "arm" in g else g
         est, r = _ratio(g["decode_tokens"], g["decode_s"], "tp", gpu, study, run_id)
         lo, hi = ci(r)
         steps = g["steps"].sum() if "steps" in g else np.nan
@@ -147,7 +174,8 @@ def throughput(gpu: str, study: str = "batch") -> pd.DataFrame:
         rows.append({**_cell(g.iloc[0]), "n_units": len(g), "decode_tokens": int(g["decode_tokens"].sum()),
                      "decode_s": float(g["decode_s"].sum()), "tokens_per_seq_step":
                      float(g["decode_tokens"].sum() / (g["steps"] * g["size"]).sum()) if steps and size else np.nan,
-                     "throughput_tok_s": est, "tp_ci_lo": lo, "tp_ci_hi": hi, "replicates": r})
+                     "throughput_tok_s": est, "tp_ci_lo": lo, "tp_ci_hi": hi, "replicates": r,
+                     "paired_base_tok_s": base_tp, "paired_speedup": psp, "paired_replicates": preps})
     df = pd.DataFrame(rows).sort_values(["quant", "batch", "k", "proposer", "alpha"], na_position="first")
     return df.reset_index(drop=True)
 
@@ -166,15 +194,23 @@ def speedup(gpu: str, study: str = "batch") -> pd.DataFrame:
     """Speedup of every static cell over the no-SD baseline (k=0) at the same batch, quant and mode.
 
     Columns: the throughput() columns plus baseline_run, baseline_tok_s (tokens/s), speedup (ratio,
-    dimensionless), ci_lo/ci_hi (95% bootstrap: batches of the cell and of the baseline resampled
-    independently), note. Baseline rows have speedup exactly 1 and CI [1, 1]."""
+    dimensionless), ci_lo/ci_hi (95% bootstrap: pairs for paired cells, else batches of the cell and of
+    the baseline resampled independently), note ("paired" for paired cells). The baseline is of the same
+    engine. Baseline rows have speedup exactly 1 and CI [1, 1]."""
     tp = throughput(gpu, study, replicates=True)
     base = tp[tp["k"] == 0]
     rows = []
     for _, row in tp.iterrows():
-        b = _baseline_for(row, base)
         out = row.to_dict()
-        if b is None:
+        b = _baseline_for(row, base[base["engine"] == row["engine"]]) if "engine" in base else \
+            _baseline_for(row, base)
+        if row["paired_replicates"] is not None and not pd.isna(row["paired_speedup"]):
+            r = row["paired_replicates"]
+            lo, hi = ci(r)
+            out.update(baseline_run=row["run_id"], baseline_tok_s=row["paired_base_tok_s"],
+                       speedup=row["paired_speedup"], ci_lo=lo, ci_hi=hi,
+                       note="paired" if not np.isnan(lo) else "paired; CI needs >= 2 pairs", replicates=r)
+        elif b is None:
             out.update(baseline_run=None, baseline_tok_s=np.nan, speedup=np.nan, ci_lo=np.nan, ci_hi=np.nan,
                        note=f"no k=0 baseline at batch {row['batch']}, quant {row['quant']}", replicates=_nan_reps())
         elif b["run_id"] == row["run_id"]:
@@ -188,7 +224,7 @@ def speedup(gpu: str, study: str = "batch") -> pd.DataFrame:
                        note="" if not np.isnan(lo) else "CI needs >= 2 timed batches in cell and baseline",
                        replicates=r)
         rows.append(out)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows).drop(columns=["paired_replicates"])
 
 
 # -- continuous batching (Poisson arrivals) --------------------------------------------------------------

