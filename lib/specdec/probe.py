@@ -1,7 +1,7 @@
 """A fixed reference probe of the machine, taken before and after every measured cell (meta.json `probe`).
 
 The machine drifts (other tenants share the memory bus): the same no-SD run measured 2.40 and 1.06 tok/s an
-hour apart. The probe makes that visible: `read_gbs` times a sum over a 512 MiB fp32 tensor (one streaming
+hour apart. The probe makes that visible: `read_gbs` times a sum over a 256 MiB fp32 tensor (one streaming
 read, the operation that bounds a decode step at batch 1) and reports GB/s (1e9 bytes per second). A run
 whose probe fell by more than DRIFT between before and after, or lies below LOW of its profile's median, is
 flagged by analysis.drift(). Cross-engine throughput ratios that cannot be interleaved (the two engines never
@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 
-SIZE_MB = 512
+SIZE_MB = 256
 REPEATS = 7
 DRIFT = 0.25  # |after / before - 1| above this flags a run
 LOW = 0.7     # probe below this fraction of the profile's median flags a run

@@ -348,6 +348,7 @@ def _shutdown(llm) -> None:
 
 
 def _free_memory() -> None:
+    """Collect a stopped engine (in-process engines hold their weights until collected)."""
     gc.collect()
     import torch
     if torch.cuda.is_available():
