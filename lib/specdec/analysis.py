@@ -729,13 +729,26 @@ CONTENTION_RATIO = 0.8  # a batch is suspect when its cpu_util is below this sha
 def contention(gpu: str, study: str = "batch") -> pd.DataFrame:
     """Per run: min and median cpu_util (process CPU seconds / wall seconds, ~torch threads when the machine is
     quiet) over its timed batches, and `suspect` when some batch got less than CONTENTION_RATIO of the median
-    cpu_util of all batches of that batch size (another process competed for the CPU). Runs recorded before
-    cpu_util existed, and GPU runs, show NaN and are not flagged."""
+    cpu_util of all batches of that batch size (another process competed for the CPU), or when its
+    read-bandwidth probe (probe.py, GB/s) drifted by more than probe.DRIFT between before and after the run
+    or lay below probe.LOW of the profile's median probe (`drift`, `low_probe`). Runs recorded before
+    cpu_util or the probe existed show NaN there and are not flagged by it."""
+    from . import probe
+
     b = load(study, gpu, "batches")
     if "cpu_util" not in b:
         b["cpu_util"] = np.nan
     med = b.groupby("batch")["cpu_util"].transform("median")
     b["low"] = b["cpu_util"] < CONTENTION_RATIO * med
-    out = b.groupby(["run_id", "batch", "k", "proposer"], as_index=False).agg(
+    out = b.groupby(["run_id", "engine", "batch", "k", "proposer"], as_index=False).agg(
         cpu_util_min=("cpu_util", "min"), cpu_util_median=("cpu_util", "median"), suspect=("low", "any"))
-    return out.sort_values(["batch", "k", "proposer"], ignore_index=True)
+    runs = tables.runs(gpu, study).set_index("run_id")
+    for col in ("probe_before_gbs", "probe_after_gbs"):
+        out[col] = out["run_id"].map(runs[col]) if col in runs else np.nan
+    out["probe_drift"] = out["probe_after_gbs"] / out["probe_before_gbs"] - 1
+    both = out[["probe_before_gbs", "probe_after_gbs"]]
+    out["drift"] = out["probe_drift"].abs() > probe.DRIFT
+    out["low_probe"] = both.min(axis=1) < probe.LOW * np.nanmedian(both.to_numpy(float)) \
+        if both.notna().any().any() else False
+    out["suspect"] = out["suspect"] | out["drift"] | out["low_probe"]
+    return out.sort_values(["batch", "k", "proposer", "engine"], ignore_index=True)

