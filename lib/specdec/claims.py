@@ -46,7 +46,8 @@ CLAIMS = {
     "C8": ("continuous batching or quantization is often as good as SD", "summary of the paper"),
 }
 COLUMNS = ["claim", "statement", "paper_setting", "profile", "basis", "rule", "measured", "ci_lo", "ci_hi",
-           "measured_text", "verdict", "reason"]
+           "measured_text", "verdict", "reason", "torch_engine"]
+SPEEDUP_CLAIMS = ("C1", "C2", "C3", "C4", "C5")  # decided on batch-study speedups: by vLLM where it measured
 # which study's data decides each claim (its views.mode gives the basis: measured or predicted)
 CLAIM_STUDY = {"C1": "batch", "C2": "batch", "C3": "batch", "C4": "batch", "C5": "batch", "C6a": "acceptance",
                "C6b": "acceptance", "C7": "hardware", "C8": "alternatives"}
@@ -96,10 +97,11 @@ def _desc(r) -> str:
 
 
 class _Data:
-    """Lazily computed analyses for one profile; a missing study is remembered as its one-line reason."""
+    """Lazily computed analyses for one profile; a missing study is remembered as its one-line reason.
+    `engine` keeps only that engine's speedup rows (None: all)."""
 
-    def __init__(self, gpu):
-        self.gpu, self._cache = gpu, {}
+    def __init__(self, gpu, engine: str | None = None):
+        self.gpu, self.engine, self._cache = gpu, engine, {}
 
     def get(self, name, fn, *args, **kwargs):
         if name not in self._cache:
@@ -110,7 +112,15 @@ class _Data:
         return self._cache[name]
 
     def speedup(self):
-        return self.get("speedup", views.speedup, self.gpu)
+        sp, why = self.get("speedup", views.speedup, self.gpu)
+        if sp is None or self.engine is None or "engine" not in sp:
+            return sp, why
+        sel = sp[sp["engine"] == self.engine]
+        return (sel, "") if len(sel) else (None, f"no {self.engine} runs of the batch study on {self.gpu}")
+
+    def engines(self) -> set:
+        sp, _ = self.get("speedup", views.speedup, self.gpu)
+        return set(sp["engine"]) if sp is not None and "engine" in sp and views.measured(self.gpu, "batch") else set()
 
 
 def _sd_cells(sp: pd.DataFrame) -> pd.DataFrame:
@@ -367,14 +377,21 @@ def verdicts(gpu: str) -> pd.DataFrame:
     """One row per claim: the measured number with its 95% CI from profile `gpu` (all profiles for C7),
     the rule, and the verdict ("reproduced" / "not reproduced" / "not measurable here") with its reason."""
     d = _Data(gpu)
-    rows = [
-        _eagle_claim("C1", d, batch=1, claimed=1.96, k=3),
-        _eagle_claim("C2", d, batch=128, claimed=1.21),
-        _c3(d), _c4(d), _c5(d),
-        _c6("C6a", d, 0.7, large=False), _c6("C6b", d, 0.9, large=True),
-        _c7(d), _c8(d),
-    ]
+
+    def speedup_claims(data):
+        return [_eagle_claim("C1", data, batch=1, claimed=1.96, k=3),
+                _eagle_claim("C2", data, batch=128, claimed=1.21), _c3(data), _c4(data), _c5(data)]
+
+    rows = speedup_claims(d)
+    if "vllm" in d.engines():  # the production engine decides; the torch engine's answer stands beside it
+        by_vllm, by_torch = speedup_claims(_Data(gpu, "vllm")), speedup_claims(_Data(gpu, "torch"))
+        rows = []
+        for v, t in zip(by_vllm, by_torch):
+            basis = "measured, vllm" if v["verdict"] != NOT_MEASURABLE else None
+            rows.append(dict(v, basis=basis, torch_engine=f"{t['measured_text']} ({t['verdict']})"))
+    rows += [_c6("C6a", d, 0.7, large=False), _c6("C6b", d, 0.9, large=True), _c7(d), _c8(d)]
     df = pd.DataFrame(rows)
+    df["torch_engine"] = df["torch_engine"].fillna("") if "torch_engine" in df else ""
     df["profile"] = gpu
     basis = {study: views.mode(gpu, study).kind for study in set(CLAIM_STUDY.values())}
     given = df["basis"] if "basis" in df else pd.Series([None] * len(df))
@@ -387,7 +404,8 @@ def verdicts(gpu: str) -> pd.DataFrame:
 def to_markdown(df: pd.DataFrame) -> str:
     """The verdict table as GitHub markdown (no extra dependency)."""
     cols = [("claim", "Claim"), ("statement", "Statement"), ("basis", "Basis"), ("rule", "Rule"),
-            ("measured_text", "Number (95% CI)"), ("verdict", "Verdict"), ("reason", "Reason")]
+            ("measured_text", "Number (95% CI)"), ("verdict", "Verdict"), ("reason", "Reason"),
+            ("torch_engine", "Torch engine (same cells)")]
     esc = lambda v: str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
     lines = ["| " + " | ".join(h for _, h in cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     for _, r in df.iterrows():
@@ -395,6 +413,7 @@ def to_markdown(df: pd.DataFrame) -> str:
     prof = ", ".join(sorted(set(df["profile"]))) if "profile" in df else "?"
     head = (f"# Claims check: profile {prof}\n\nBasis: 'measured' = our raw runs; 'predicted' = no runs on this "
             f"profile, so the number comes from acceptance traces replayed through a cost model (see the reason); "
+            f"'measured, vllm' = decided on vLLM's runs, with our torch engine's answer on the same cells beside it; "
             f"a predicted verdict tests the claim against the paper's own published inputs, not against new "
             f"measurements.\nVerdicts are decided on point estimates; tolerances: "
             f"+-{REL_TOL:.0%} for x-fold numbers, +-{ALPHA_TOL} for acceptance, 'as good' = >= {AS_GOOD} x SD, "

@@ -46,8 +46,11 @@ def _table(gpu: str, study: str) -> pd.DataFrame:
         raise SpecdecError(f"engine fidelity needs cells of both engines (vllm and torch) in {study}/{gpu}; "
                            f"measured: {', '.join(sorted(set(sp.get('engine', []))))}")
     runs = tables.runs(gpu, study)
+    b = tables.load(gpu, study, "batches")
+    same = b.groupby("run_id")["same_as_base"].mean() if "same_as_base" in b else pd.Series(dtype=float)
     sp = sp.assign(probe_gbs=sp["run_id"].map(_probe(runs)),
-                   tokens_per_step=sp["run_id"].map(tokens_per_step(gpu, study)))
+                   tokens_per_step=sp["run_id"].map(tokens_per_step(gpu, study)),
+                   same_as_base=sp["run_id"].map(same))
     return sp
 
 
@@ -55,7 +58,8 @@ def engines(gpu: str, study: str = "batch") -> pd.DataFrame:
     """One row per cell measured by both engines: no-SD throughput of each (tokens/s; the SD cell's own
     interleaved base arm, or the k=0 cell), base_ratio = torch / vLLM raw and base_ratio_probe divided by
     each run's probe (GB/s); each engine's SD speedup with its 95% CI; speedup_ratio = torch / vLLM speedup
-    with a CI (replicates of the two engines are independent); tokens per step of each; verdict "agree"
+    with a CI (replicates of the two engines are independent); tokens per step of each; vllm_same_as_base
+    (share of vLLM's SD sequences identical to its own no-SD ones: 1 for greedy cells); verdict "agree"
     when the two speedup CIs overlap, else "disagree" (NaN speedups for k=0 rows: "no SD")."""
     sp = _table(gpu, study)
     rows = []
@@ -74,6 +78,7 @@ def engines(gpu: str, study: str = "batch") -> pd.DataFrame:
             for e, r in (("vllm", v), ("torch", t)):
                 row.update({f"{e}_speedup": r["speedup"], f"{e}_ci_lo": r["ci_lo"], f"{e}_ci_hi": r["ci_hi"],
                             f"{e}_tokens_per_step": r["tokens_per_step"]})
+            row["vllm_same_as_base"] = v["same_as_base"]
             reps = np.asarray(t["replicates"], float) / np.asarray(v["replicates"], float)
             lo, hi = analysis.ci(reps)
             overlap = max(v["ci_lo"], t["ci_lo"]) <= min(v["ci_hi"], t["ci_hi"])
@@ -109,4 +114,46 @@ def roofline(gpu: str, study: str = "batch") -> pd.DataFrame:
             out.update(tokens_per_step=r["tokens_per_step"], speedup=r["speedup"], bound_speedup=bsp,
                        sd_frac=r["speedup"] / bsp)
         rows.append(out)
+    return pd.DataFrame(rows)
+
+
+def vllm_step_split(gpu: str, study: str = "batch") -> pd.DataFrame:
+    """Per vLLM SD run: where its steps' time went (vllm_steps.py), summed over the cell arm's timed calls:
+    engine_steps, step_s, draft_s, verify_s, other_s (s) and draft_frac / verify_frac / other_frac of step_s.
+    Calls include their prefill steps. Runs measured without the in-process timer are left out."""
+    b = tables.load(gpu, study, "batches")
+    if "draft_s" not in b:
+        raise SpecdecError(f"no vLLM step timings in {study}/{gpu} (engine measured out of process, or before "
+                           f"vllm_steps existed)")
+    b = b[(b["engine"] == "vllm") & (b["arm"] == "cell") & (b["k"] > 0) & b["draft_s"].notna()]
+    if b.empty:
+        raise SpecdecError(f"no vLLM SD runs with step timings in {study}/{gpu}")
+    cols = ["engine_steps", "step_s", "draft_s", "verify_s", "other_s"]
+    out = b.groupby(["run_id", "batch", "k", "proposer"], as_index=False)[cols].sum()
+    for part in ("draft", "verify", "other"):
+        out[f"{part}_frac"] = out[f"{part}_s"] / out["step_s"]
+    return out.sort_values(["proposer", "batch", "k"], ignore_index=True)
+
+
+def bandwidth(gpu: str) -> pd.DataFrame:
+    """The machine's read bandwidth as the probes of every run of the profile saw it (probe.py), per study and
+    engine: n_probes, median/min/max GB/s, first/last run start. The roofline's denominator."""
+    from . import config
+
+    rows = []
+    for study in config.study_names():
+        try:
+            runs = tables.runs(gpu, study)
+        except SpecdecError:
+            continue
+        if "probe_before_gbs" not in runs:
+            continue
+        for eng, g in runs.groupby("engine"):
+            vals = pd.concat([g["probe_before_gbs"], g["probe_after_gbs"]]).dropna()
+            if len(vals):
+                rows.append({"study": study, "engine": eng, "n_probes": len(vals), "median_gbs": vals.median(),
+                             "min_gbs": vals.min(), "max_gbs": vals.max(), "first_run": g["started"].min(),
+                             "last_run": g["started"].max()})
+    if not rows:
+        raise SpecdecError(f"no run of profile '{gpu}' recorded a bandwidth probe (runs before probe.py)")
     return pd.DataFrame(rows)

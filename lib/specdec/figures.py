@@ -31,14 +31,16 @@ WIDTH = 6.4
 # What each notebook (notebooks/<study>.ipynb) writes: figures/<gpu>/<name>.{png,pdf}, build/<gpu>/<name>.csv
 # and other build/<gpu>/ files. The Makefile and tests/test_notebooks_figures.py rely on this list.
 OUTPUTS = {
-    "batch": {"figures": ["batch-speedup", "batch-throughput", "batch-overhead"],
-              "tables": ["batch-speedup", "batch-overhead", "batch-contention"], "files": ["batch-notes.json"]},
+    "batch": {"figures": ["batch-speedup", "batch-throughput", "batch-overhead", "batch-engines"],
+              "tables": ["batch-speedup", "batch-overhead", "batch-contention", "batch-engines", "batch-roofline",
+                         "batch-vllm-steps"],
+              "files": ["batch-notes.json"]},
     "acceptance": {"figures": ["acceptance-positions", "acceptance-requests", "acceptance-iid", "acceptance-breakeven"],
                    "tables": ["acceptance-positions", "acceptance-requests", "acceptance-summary", "acceptance-iid",
                               "acceptance-synthetic", "acceptance-breakeven"], "files": ["acceptance-notes.json"]},
     "hardware": {"figures": ["hardware-forward", "hardware-overhead", "hardware-profiles"],
                  "tables": ["hardware-forward", "hardware-overhead", "hardware-profiles", "hardware-profile-status",
-                            "hardware-costfit-cv"],
+                            "hardware-costfit-cv", "hardware-bandwidth"],
                  "files": ["hardware-notes.json"]},
     "alternatives": {"figures": ["alternatives-compare", "alternatives-latency"],
                      "tables": ["alternatives-compare", "alternatives-latency", "alternatives-serving"],
@@ -204,6 +206,43 @@ def batch_overhead(ax, ov: pd.DataFrame, gpu: str):
     _lines_vs_batch(ax, ov, "draft_frac")
     ax.set_ylim(0, 1)
     ax.set(xlabel="batch size (sequences)", ylabel="draft_s / (draft + verify + other)")
+
+
+def batch_engines(eng: pd.DataFrame, gpu: str, note: str = ""):
+    """Engine fidelity: left, each SD cell's speedup on vLLM (x) against our torch engine (y) with both 95%
+    CIs and the y = x line; right, no-SD throughput torch / vLLM per batch size, raw and divided by the
+    runs' read-bandwidth probes."""
+    title = f"engine fidelity: vLLM vs our torch engine ({gpu})"
+    if eng.empty:
+        return placeholder(title, note)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(WIDTH * 1.6, 4.0))
+    sd = eng[eng["k"] > 0]
+    for (prop, k), g in sd.groupby(["proposer", "k"]):
+        a.errorbar(g["vllm_speedup"], g["torch_speedup"], xerr=_err(g, "vllm_speedup", "vllm_ci_lo", "vllm_ci_hi"),
+                   yerr=_err(g, "torch_speedup", "torch_ci_lo", "torch_ci_hi"), marker="o", ls="none", capsize=3,
+                   label=f"{prop} k={k}")
+        for _, r in g.iterrows():
+            a.annotate(f"bs{int(r['batch'])}", (r["vllm_speedup"], r["torch_speedup"]), fontsize=6,
+                       xytext=(3, 3), textcoords="offset points")
+    if len(sd):
+        lim = [0, max(1.2, float(np.nanmax(sd[["vllm_ci_hi", "torch_ci_hi", "vllm_speedup", "torch_speedup"]]
+                                          .to_numpy(float))) * 1.05)]
+        a.plot(lim, lim, color="0.5", lw=1, ls="--", label="same speedup")
+        a.axhline(1, color="k", lw=0.8, ls=":")
+        a.axvline(1, color="k", lw=0.8, ls=":")
+        a.set(xlim=lim, ylim=lim)
+        a.legend(fontsize=7)
+    a.set(xlabel="SD speedup, vLLM (paired)", ylabel="SD speedup, torch engine (paired)", title="SD speedup per cell")
+    base = eng.groupby("batch")[["base_ratio", "base_ratio_probe"]].median().reset_index()
+    b.plot(base["batch"], base["base_ratio"], marker="o", label="raw")
+    b.plot(base["batch"], base["base_ratio_probe"], marker="s", label="per unit of probed bandwidth")
+    b.axhline(1, color="k", lw=0.8, ls="--")
+    _log2_batch(b, base["batch"])
+    b.set(xlabel="batch size (sequences)", ylabel="no-SD throughput, torch / vLLM", title="plain decoding")
+    b.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 # -- acceptance study -------------------------------------------------------------------------------------------

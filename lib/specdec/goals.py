@@ -138,9 +138,47 @@ def bench() -> list[dict]:
     return _try("G11", "bench", "", run)
 
 
+ENGINE_PROFILE = "cpu"  # where vLLM and the torch engine measure the same cells
+ENGINE_GRID = ({(b, 3, p) for b in (1, 4, 16) for p in ("draft", "ngram")}
+               | {(b, k, p) for b in (1, 4, 16) for k in (1, 2, 4, 5, 6) for p in ("draft", "ngram")}
+               | {(b, 0, "none") for b in (1, 4, 16, 32, 64)} | {(b, 3, "draft") for b in (32, 64)})
+
+
+def engines() -> list[dict]:
+    """G12: the production engine measured beside ours, and how far they agree (profile cpu)."""
+    from . import fidelity
+
+    def run():
+        sp = analysis.speedup(ENGINE_PROFILE, "batch")
+        src = f"data/raw/{ENGINE_PROFILE}/batch"
+        got = {e: set(zip(g["batch"], g["k"], g["proposer"])) for e, g in sp.groupby("engine")}
+        rows = [_row(f"G12a {e}", f"batch-study cells measured by {e} (k 0-6 at bs 1/4/16, draft and n-gram; "
+                     "k 0/3 at bs 1-64)", "every cell", f"{len(got.get(e, set()) & ENGINE_GRID)}/{len(ENGINE_GRID)}",
+                     ENGINE_GRID <= got.get(e, set()), src) for e in ("vllm", "torch")]
+        eng = fidelity.engines(ENGINE_PROFILE, "batch")
+        sd = eng[(eng["k"] > 0) & (eng["batch"] <= 16)]
+        agree = int((sd["verdict"] == "agree").sum())
+        rows.append(_row("G12b", "SD speedup, torch engine vs vLLM, per cell (95% CIs overlap)", "agree in every cell",
+                         f"{agree}/{len(sd)} cells agree", bool(len(sd)) and agree == len(sd), src,
+                         "; ".join(f"bs{int(r.batch)} {r.proposer} k{int(r.k)}: vLLM {r.vllm_speedup:.2f}x, torch "
+                                   f"{r.torch_speedup:.2f}x" for r in sd.itertuples())))
+        rows.append(_row("G12c", "SD speedup torch / vLLM, bs 1-16", "within 10% in every cell",
+                         f"{sd['speedup_ratio'].min():.2f}-{sd['speedup_ratio'].max():.2f}" if len(sd) else "n/a",
+                         bool(len(sd)) and bool(((sd["speedup_ratio"] - 1).abs() <= 0.10).all()), src))
+        base = eng.groupby("batch")[["base_ratio", "base_ratio_probe"]].median()
+        rows.append(_row("G12d", "no-SD throughput torch / vLLM, bs 1-64 (median per batch size)", ">= 0.9 at every "
+                         "measured batch size", ", ".join(f"bs{b}: {r.base_ratio:.2f}" for b, r in base.iterrows()),
+                         bool(len(base)) and bool((base["base_ratio"] >= 0.9).all()), src,
+                         "per unit of probed bandwidth: " + ", ".join(f"bs{b}: {r.base_ratio_probe:.2f}"
+                                                                      for b, r in base.iterrows())))
+        return rows
+    return _try("G12", "engine fidelity", "", run)
+
+
 def table() -> pd.DataFrame:
     """Every goal, one row each."""
-    return pd.DataFrame(paper_reference() + cpu_validation() + regime() + ngram_acceptance() + profiles() + bench())
+    return pd.DataFrame(paper_reference() + cpu_validation() + regime() + ngram_acceptance() + profiles() + bench()
+                        + engines())
 
 
 def to_markdown(df: pd.DataFrame) -> str:

@@ -378,29 +378,36 @@ def _cell_context(reqs: pd.DataFrame) -> float:
 
 
 def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int = 0,
-             per_request: bool = True) -> pd.DataFrame:
+             per_request: bool = True, engine: str = "torch") -> pd.DataFrame:
     """Predicted vs measured speedup for every SD cell of the batch study of `profile`.
 
     Costs are fitted only on the hardware study, acceptance only on the acceptance study (real traces,
     same proposer and temperature); each batch-study cell is then predicted for its batch size, k, mean
     context and output length (static batching: the batch waits for its slowest sequence, see
     static_steps and `per_request`). Measured speedup = no-SD decode seconds per token / SD decode
-    seconds per token at the same batch size. Columns: cell keys, context, predicted, predicted_steady,
+    seconds per token at the same batch size (a paired cell's own interleaved no-SD batches, else the k=0
+    cell); only `engine`'s cells (the cost model is fitted on the torch engine's forwards). Columns: cell keys, context, predicted, predicted_steady,
     measured, abs_pct_err [%], and predicted/measured steps per batch and seconds per step;
     df.attrs["mape"] = mean abs_pct_err [%], df.attrs["cost_source"] = how the costs were obtained."""
     batches = tables.load(profile, "batch", "batches")
     reqs = tables.load(profile, "batch", "requests")
     pair = costmodel.pair_name(pair) if pair else str(batches["pair"].iloc[0])
-    batches, reqs = batches[batches["pair"] == pair], reqs[reqs["pair"] == pair]
+    batches = batches[(batches["pair"] == pair) & (batches["engine"] == engine)]
+    reqs = reqs[(reqs["pair"] == pair) & (reqs["engine"] == engine)]
+    if batches.empty:
+        raise SpecdecError(f"no {engine} batch-study cells of pair {pair} on {profile} to validate against")
     costs = costmodel.fit(profile, pair)
     keys = ["batch", "temperature", "quant"]
     models: dict[tuple, AcceptanceModel | None] = {}
     rows = []
-    for run_id, cell in batches.groupby("run_id"):
+    own = batches[batches["arm"] == "cell"]
+    for run_id, both in batches.groupby("run_id"):
+        cell, paired_base = both[both["arm"] == "cell"], both[both["arm"] == "base"]
         c = cell.iloc[0]
         if c["k"] == 0:
             continue
-        base = batches[(batches["k"] == 0) & np.logical_and.reduce([batches[key] == c[key] for key in keys])]
+        base = paired_base if len(paired_base) else \
+            own[(own["k"] == 0) & np.logical_and.reduce([own[key] == c[key] for key in keys])]
         if base.empty:
             continue
         mkey = (c["proposer"], float(c["temperature"]))
@@ -443,31 +450,32 @@ def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int
 
 
 def policy_compare(profile: str, pair: str | None = None, fixed_k: int = 3, proposer: str = "draft",
-                   context: float | None = None) -> pd.DataFrame:
+                   context: float | None = None, engine: str = "torch") -> pd.DataFrame:
     """Off vs fixed k vs adaptive k (best predicted k per batch size), at each batch size of the batch study.
 
     Columns: batch, policy, k, predicted (speedup), measured (speedup of the batch-study cell with that k,
     NaN where that k was not measured), measured_ks (the k values measured at that batch size). Costs come
-    from the hardware study and acceptance from the acceptance study of `profile`, as in validate()."""
-    batches = tables.load(profile, "batch", "batches")
-    pair = costmodel.pair_name(pair) if pair else str(batches["pair"].iloc[0])
-    batches = batches[(batches["pair"] == pair) & batches["proposer"].isin([proposer, "none"])]
+    from the hardware study and acceptance from the acceptance study of `profile`, as in validate(); measured
+    speedups are analysis.speedup's (paired where the cells are) of `engine`'s cells."""
+    from . import analysis
+
+    sp = analysis.speedup(profile, "batch")
+    pair = costmodel.pair_name(pair) if pair else str(sp["pair"].iloc[0])
+    sp = sp[(sp["pair"] == pair) & (sp["engine"] == engine) & sp["proposer"].isin([proposer, "none"])]
     costs = costmodel.fit(profile, pair)
     found, where = acceptance.load_traces(profile, pair, proposer, 0.0, studies=("acceptance",))
     acc = AcceptanceModel.from_traces(found, where)
     if context is None:
         reqs = tables.load(profile, "batch", "requests")
         context = float(reqs["prompt_tokens"].mean() + reqs["new_tokens"].mean() / 2)
-    per_tok = batches.groupby(["batch", "k"]).apply(
-        lambda g: g["decode_s"].sum() / g["decode_tokens"].sum(), include_groups=False)
+    measured = sp.groupby(["batch", "k"])["speedup"].first()
     rows = []
-    for bs in sorted(batches["batch"].unique()):
-        measured_ks = sorted(int(k) for k in per_tok.loc[bs].index)
+    for bs in sorted(sp["batch"].unique()):
+        measured_ks = sorted(int(k) for k in measured.loc[bs].index)
         best_k, _ = optimal_k(costs, acc, int(bs), context, proposer)
         for name, k in (("off", 0), (f"fixed k={fixed_k}", fixed_k), ("adaptive", best_k)):
             k = min(k, acc.max_k) if k else 0
-            meas = per_tok.loc[(bs, 0)] / per_tok.loc[(bs, k)] if (bs, k) in per_tok.index and (bs, 0) in per_tok.index \
-                else np.nan
+            meas = 1.0 if k == 0 else measured.get((bs, k), np.nan)
             rows.append({"batch": int(bs), "policy": name, "k": k, "measured_ks": measured_ks,
                          "predicted": float(speedup(costs, acc, int(bs), k, context, proposer)), "measured": meas})
     return pd.DataFrame(rows)

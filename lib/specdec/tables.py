@@ -12,7 +12,8 @@ every row except `runs`:
              started, probe_before_gbs / probe_after_gbs (probe.py: read bandwidth around the run, GB/s)
   batches    timed static batch: repeat, batch_idx, arm ("cell", or "base": the interleaved no-SD twin of a
              paired cell), pair, size, steps, decode_tokens, decode_s (s, prefill excluded for both
-             engines), prefill_s, cpu_util, output_ids (vLLM), ...
+             engines), prefill_s, cpu_util, same_as_base (vLLM: share of sequences whose tokens equal
+             the other arm's), step_s/draft_s/verify_s/other_s/engine_steps (vLLM in-process), ...
   requests   request: prompt_set, prompt_idx, new_tokens, arrival_s/admitted_s/first_token_s/finish_s (s)
   steps      engine step (torch engine only): draft_s, verify_s, other_s (s), per-sequence lists accepted,
              proposed, active, rids
@@ -143,13 +144,30 @@ def _runs(metas: list[tuple[Path, dict]]) -> pd.DataFrame:
     return _normalise(pd.DataFrame(rows))
 
 
+def _same_as_base(df: pd.DataFrame) -> pd.Series:
+    """Per batch row: the fraction of its sequences whose tokens equal the same sequence's in the other arm of
+    its pair (vLLM runs record output_ids); NaN where there is nothing to compare."""
+    out = pd.Series(np.nan, index=df.index)
+    if "output_ids" not in df:
+        return out
+    for _, g in df[df["output_ids"].notna()].groupby(["run_id", "pair"]):
+        if set(g["arm"]) != {"cell", "base"}:
+            continue
+        a, b = (list(g.loc[g["arm"] == arm, "output_ids"].iloc[0]) for arm in ("cell", "base"))
+        same = np.mean([list(x) == list(y) for x, y in zip(a, b)]) if len(a) == len(b) and len(a) else np.nan
+        out[g.index] = same
+    return out
+
+
 def _batches(df: pd.DataFrame) -> pd.DataFrame:
-    """Runs from before pairing have no `arm`: all their batches are the cell's own ("cell")."""
+    """Runs from before pairing have no `arm`: all their batches are the cell's own ("cell"). vLLM's output_ids
+    become same_as_base (fraction of sequences identical in both arms of the pair) and are dropped."""
     df = df.copy()
     df["arm"] = df["arm"].fillna("cell") if "arm" in df else "cell"
     if "pair" not in df:
         df["pair"] = np.nan
-    return df
+    df["same_as_base"] = _same_as_base(df)
+    return df.drop(columns=["output_ids"], errors="ignore")
 
 
 # -- acceptance: one definition ------------------------------------------------------------------------------

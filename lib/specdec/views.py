@@ -168,6 +168,30 @@ def contention(gpu: str) -> pd.DataFrame:
     return pd.DataFrame({"run_id": [], "suspect": []})
 
 
+def engines(gpu: str) -> tuple[pd.DataFrame, str]:
+    """(fidelity.engines table, note): vLLM vs the torch engine on the same cells; measured only."""
+    from . import fidelity
+    if not measured(gpu, "batch"):
+        return pd.DataFrame(), f"no measurements on {gpu}: engine fidelity is measured, never predicted"
+    return analysis.safe(fidelity.engines, gpu, "batch")
+
+
+def vllm_steps(gpu: str) -> tuple[pd.DataFrame, str]:
+    """(fidelity.vllm_step_split table, note): where vLLM's step time goes; measured only."""
+    from . import fidelity
+    if not measured(gpu, "batch"):
+        return pd.DataFrame(), f"no measurements on {gpu}"
+    return analysis.safe(fidelity.vllm_step_split, gpu, "batch")
+
+
+def roofline(gpu: str) -> tuple[pd.DataFrame, str]:
+    """(fidelity.roofline table, note): batch-1 cells against the read-bandwidth bound; measured only."""
+    from . import fidelity
+    if not measured(gpu, "batch"):
+        return pd.DataFrame(), f"no measurements on {gpu}: the roofline compares measured cells"
+    return analysis.safe(fidelity.roofline, gpu, "batch")
+
+
 # -- acceptance -------------------------------------------------------------------------------------------------
 def _replayed(gpu: str, k: int = 6):
     """(trace set, its ReplayAcceptance up to k) for every trace set of the profile's collection."""

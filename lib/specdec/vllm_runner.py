@@ -39,7 +39,7 @@ import time
 import pandas as pd
 
 from . import config as cfgmod
-from . import hardware, models, pairing, probe, rawdata
+from . import hardware, models, pairing, probe, rawdata, vllm_steps
 from .errors import SpecdecError
 from .spec import Cell, Study
 
@@ -53,7 +53,9 @@ PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 TIMING_NOTES = ("vLLM engine: batches.call_s is the wall time of one LLM.generate call; prefill_s = the latest "
                 "first-token time of its requests and decode_s = call_s - prefill_s (as the torch engine's "
                 "decode_s, prefill excluded); where vLLM gives no per-request stamps prefill_s is NaN and "
-                "decode_s = call_s; steps unknown (NaN); no steps table; prefix caching off")
+                "decode_s = call_s; steps unknown (NaN); no steps table; prefix caching off; with an in-process "
+                "engine, step_s/verify_s/draft_s/other_s (s) and engine_steps are the call's step-time split "
+                "(vllm_steps.py, prefill steps included), else NaN")
 
 
 # ---------------------------------------------------------------- config translation (pure, CPU)
@@ -276,11 +278,20 @@ def _prompts(group: list[dict]) -> list[dict]:
     return [{"prompt_token_ids": p["ids"]} for p in group]
 
 
-def _generate(llm, group: list[dict], params) -> tuple[list, float, float, float]:
-    """One timed llm.generate call: (outputs, seconds, wall and monotonic clocks at its start)."""
+STEP_PARTS = ("step_s", "verify_s", "draft_s", "other_s", "engine_steps")
+
+
+def _generate(llm, group: list[dict], params) -> tuple[list, float, float, float, dict]:
+    """One timed llm.generate call: (outputs, seconds, wall and monotonic clocks at its start, the step-time
+    split of the call from vllm_steps, NaN where the engine runs in another process)."""
+    timer = vllm_steps.attach(llm)
+    if timer is not None:
+        timer.reset()
     wall0, mono0, t = time.time(), time.monotonic(), time.perf_counter()
     outs = llm.generate(_prompts(group), params, use_tqdm=False)
-    return outs, time.perf_counter() - t, wall0, mono0
+    call_s = time.perf_counter() - t
+    parts = timer.read() if timer is not None else dict.fromkeys(STEP_PARTS, math.nan)
+    return outs, call_s, wall0, mono0, parts
 
 
 def run_static(llms: dict, sampling_cls, cfg: dict, cell: dict, plist: list[dict]):
@@ -305,7 +316,7 @@ def run_static(llms: dict, sampling_cls, cfg: dict, cell: dict, plist: list[dict
         for rep in range(repeats):
             pair = bi * repeats + rep
             for arm in (pairing.order(pair) if len(llms) > 1 else ("cell",)):
-                outs, batch_s, wall0, mono0 = _generate(llms[arm], group, params)
+                outs, batch_s, wall0, mono0, parts = _generate(llms[arm], group, params)
                 new = [len(o.outputs[0].token_ids) for o in outs]
                 rows = [{"repeat": rep, "batch_idx": bi, "rid": rid, "prompt_set": p["prompt_set"],
                          "prompt_idx": p["prompt_idx"], "prompt_tokens": len(p["ids"]), "new_tokens": n,
@@ -322,7 +333,8 @@ def run_static(llms: dict, sampling_cls, cfg: dict, cell: dict, plist: list[dict
                                 "prefill_s": prefill_s,
                                 "decode_s": batch_s - prefill_s if not math.isnan(prefill_s) else batch_s,
                                 "steps": math.nan, "new_tokens": sum(new), "decode_tokens": sum(n - 1 for n in new),
-                                "call_s": batch_s, "output_ids": [list(o.outputs[0].token_ids) for o in outs]})
+                                "call_s": batch_s, **parts,
+                                "output_ids": [list(o.outputs[0].token_ids) for o in outs]})
     after = spec_counters(llms["cell"].get_metrics())
     return reqs, batches, acceptance_summary(counters_delta(after, before))
 

@@ -7,11 +7,17 @@ SOURCE = "batch"
 
 def tables(gpu: str):
     ov, ov_note = views.draft_overhead(gpu)
-    return ({"batch-speedup": views.speedup(gpu), "batch-overhead": ov, "batch-contention": views.contention(gpu)},
-            {"batch-overhead": ov_note})
+    eng, eng_note = views.engines(gpu)
+    roof, roof_note = views.roofline(gpu)
+    vst, vst_note = views.vllm_steps(gpu)
+    return ({"batch-speedup": views.speedup(gpu), "batch-overhead": ov, "batch-contention": views.contention(gpu),
+             "batch-engines": eng, "batch-roofline": roof, "batch-vllm-steps": vst},
+            {"batch-overhead": ov_note, "batch-engines": eng_note, "batch-roofline": roof_note,
+             "batch-vllm-steps": vst_note})
 
 
 def figures(out):
     sp, gpu = out["batch-speedup"], out.gpu
     return {"batch-speedup": F.batch_speedup(sp, gpu), "batch-throughput": F.batch_throughput(sp, gpu),
-            "batch-overhead": F.batch_overhead(out["batch-overhead"], gpu, out.note("batch-overhead"))}
+            "batch-overhead": F.batch_overhead(out["batch-overhead"], gpu, out.note("batch-overhead")),
+            "batch-engines": F.batch_engines(out["batch-engines"], gpu, out.note("batch-engines"))}

@@ -1,5 +1,5 @@
 """Study "hardware": forward-pass cost of target and draft, draft overhead per profile."""
-from .. import analysis, costmodel, views
+from .. import analysis, costmodel, fidelity, views
 from .. import figures as F
 
 SOURCE = "hardware"
@@ -8,10 +8,11 @@ SOURCE = "hardware"
 def tables(gpu: str):
     ac, ac_note = analysis.safe(analysis.overhead_across_profiles)
     cv, cv_note = analysis.safe(costmodel.cross_validate, gpu)
+    bw, bw_note = analysis.safe(fidelity.bandwidth, gpu)
     return ({"hardware-forward": views.forward_times(gpu), "hardware-overhead": views.forward_ratio(gpu),
              "hardware-profiles": ac, "hardware-profile-status": analysis.profile_status(),
-             "hardware-costfit-cv": cv},
-            {"hardware-profiles": ac_note, "hardware-costfit-cv": cv_note})
+             "hardware-costfit-cv": cv, "hardware-bandwidth": bw},
+            {"hardware-profiles": ac_note, "hardware-costfit-cv": cv_note, "hardware-bandwidth": bw_note})
 
 
 def figures(out):
