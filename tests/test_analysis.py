@@ -42,7 +42,7 @@ def test_throughput_is_tokens_over_seconds():
     b = analysis.load("batch", GPU, "batches")
     tp = analysis.throughput(GPU, "batch")
     for _, r in tp.iterrows():
-        g = b[b["run_id"] == r["run_id"]]
+        g = b[(b["run_id"] == r["run_id"]) & (b["arm"] == "cell")]  # the cell's own batches, not its base arm
         assert r["throughput_tok_s"] == pytest.approx(g["decode_tokens"].sum() / g["decode_s"].sum())
         assert r["n_units"] == len(g)
 
@@ -63,7 +63,8 @@ def test_position_acceptance_is_a_probability():
     pos = analysis.position_acceptance(GPU, "acceptance")
     assert set(pos["proposer"]) == {"draft", "ngram"}
     assert pos["p_accept"].dropna().between(0, 1).all()
-    assert (pos["accepted"] <= pos["tried"]).all() and (pos["proposed"] <= pos["tried"]).all()
+    assert (pos["accepted"] <= pos["tried"]).all()
+    assert (pos["proposed"].isna() | (pos["proposed"] <= pos["tried"])).all()  # vLLM does not count proposals
     for _, g in pos.groupby(["proposer", "temperature", "prompt_set"]):
         g = g.sort_values("position")
         assert list(g["position"]) == list(range(1, len(g) + 1))
@@ -75,6 +76,7 @@ def test_position_acceptance_is_a_probability():
 
 def test_request_acceptance_counts_match_the_steps():
     req = analysis.request_acceptance(GPU, "acceptance")
+    req = req[req["engine"] == "torch"]  # vLLM's counters are per run, not per request
     # requests that were never proposed anything (n-gram without a match) have an undefined rate
     assert req["acceptance_rate"].isna().equals(req["proposed"] == 0)
     assert req["acceptance_rate"].dropna().between(0, 1).all()

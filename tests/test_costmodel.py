@@ -67,8 +67,8 @@ def test_step_cost_adds_draft_and_verify_forwards():
 
 
 def test_fixture_fit_is_labelled_fitted_with_residuals():
-    cm = costmodel.load("fixture", "tiny")
-    assert cm.source == "fitted" and cm.pair == "tiny"
+    cm = costmodel.load("fixture", "tiny-vllm")
+    assert cm.source == "fitted" and cm.pair == "tiny-vllm"
     assert set(cm.residuals()) == {"target", "draft"}
     assert "FITTED" in cm.describe()
     assert cm.forward_s("target", 4, 1, 100) > 0

@@ -56,7 +56,7 @@ def test_rules_differ_where_a_suffix_recurs():
 
 
 def test_legacy_rule_keeps_the_hash_of_runs_measured_before_the_key():
-    cfg = config.load_study("batch", "cpu")
+    cfg = config.load_study("batch", "cpu-bf16")
     assert cfg["generation"]["ngram_match"] == "latest"
     legacy = {**cfg, "generation": {k: v for k, v in cfg["generation"].items() if k != "ngram_match"}}
     assert config.config_hash(cfg) == config.config_hash(legacy)
@@ -76,6 +76,6 @@ def test_bad_rule_is_a_config_error():
 
 
 def test_vllm_refuses_the_legacy_rule():
-    cfg = config.load_study("batch", "cpu")
+    cfg = config.load_study("batch", "cpu-bf16")
     with pytest.raises(SpecdecError, match="earliest"):
         vr.speculative_config(cfg, {"k": 3, "proposer": "ngram"})

@@ -37,11 +37,11 @@ def test_torch_engine_runs_both_arms_interleaved(raw):
     assert set(base_cell["arm"]) == {"cell"}  # a k=0 cell is its own baseline
     sd = b[b["k"] == 2]
     assert list(sd["arm"]) == [a for i in range(len(sd) // 2) for a in pairing.order(i)]
-    per_pair = sd.groupby("pair")["arm"].apply(sorted)
+    per_pair = sd.groupby("pair_idx")["arm"].apply(sorted)
     assert (per_pair.apply(lambda a: a == ["base", "cell"])).all()
-    tok = sd.pivot(index="pair", columns="arm", values="decode_tokens")
+    tok = sd.pivot(index="pair_idx", columns="arm", values="decode_tokens")
     assert (tok["base"] == tok["cell"]).all()  # the same prompts and lengths in both arms
-    steps = sd.pivot(index="pair", columns="arm", values="steps")
+    steps = sd.pivot(index="pair_idx", columns="arm", values="steps")
     assert (steps["base"] > steps["cell"]).all()  # without SD one token per step, with SD more
     meta = rawdata.read_meta(rawdata.scan("fixture", "batch")[0][0])
     assert meta["probe"]["before"]["read_gbs"] > 0 and meta["probe"]["after"]["read_gbs"] > 0
@@ -62,7 +62,7 @@ def test_paired_speedup_cancels_drift_that_an_unpaired_ratio_does_not(raw):
             "context": None}
     slow = np.linspace(1.0, 3.0, 8)  # seconds per 10 tokens, drifting
     _write(raw, "bs2-k0", dict(base, k=0, proposer="none"),
-           [{"repeat": 0, "batch_idx": i, "size": 2, "decode_tokens": 10, "decode_s": 1.0, "steps": 5}
+           [{"repeat": 0, "batch_idx": i, "size": 2, "decode_tokens": 10, "decode_s": 0.5, "steps": 5}
             for i in range(4)])
     rows = []
     for p, s in enumerate(slow):

@@ -114,7 +114,7 @@ def test_tables_and_fidelity_read_both_engines(at_root):
     b = built["batches"]
     assert "output_ids" not in b  # reduced to same_as_base: greedy SD gave vLLM's no-SD tokens in every pair
     assert (b[(b["engine"] == "vllm") & (b["k"] > 0)]["same_as_base"] == 1.0).all()
-    vst = b[(b["engine"] == "vllm") & (b["k"] > 0) & (b["proposer"] == "draft")]
+    vst = b[(b["engine"] == "vllm") & (b["k"] > 0) & (b["proposer"] == "draft") & (b["arm"] == "cell")]
     assert (vst["draft_s"] > 0).all() and (vst["verify_s"] > 0).all() and (vst["engine_steps"] > 0).all()
     assert (vst["draft_s"] + vst["verify_s"] <= vst["step_s"] + 1e-9).all()
     eng = fidelity.engines("fixture", "batch")

@@ -140,8 +140,8 @@ def _batches(gpu: str, study: str) -> pd.DataFrame:
 def _paired(g: pd.DataFrame, *key) -> tuple[float, float, np.ndarray]:
     """(base throughput tok/s, speedup, replicates) of a paired run: sum over pairs of cell tokens / cell s,
     divided by the same over base batches; the bootstrap resamples pairs (both arms of a pair together)."""
-    cell = g[g["arm"] == "cell"].groupby("pair")[["decode_tokens", "decode_s"]].sum()
-    base = g[g["arm"] == "base"].groupby("pair")[["decode_tokens", "decode_s"]].sum()
+    cell = g[g["arm"] == "cell"].groupby("pair_idx")[["decode_tokens", "decode_s"]].sum()
+    base = g[g["arm"] == "base"].groupby("pair_idx")[["decode_tokens", "decode_s"]].sum()
     both = cell.join(base, lsuffix="_c", rsuffix="_b", how="inner")
     tc, sc = both["decode_tokens_c"].to_numpy(float), both["decode_s_c"].to_numpy(float)
     tb, sb = both["decode_tokens_b"].to_numpy(float), both["decode_s_b"].to_numpy(float)

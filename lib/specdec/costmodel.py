@@ -72,6 +72,9 @@ PAIR_SIZES: dict[str, tuple[ModelSize, ModelSize]] = {
     # tiny (models.build_tiny): vocab 259, hidden 64, 4 layers, 4 heads / 2 KV heads of 16, untied; the
     # draft keeps 1 layer. Counted exactly: 181,696 and 70,336 parameters (fp64 in the fixture).
     "tiny": (ModelSize(181_696, 4, 2, 16, 64, "tiny target"), ModelSize(70_336, 1, 2, 16, 64, "tiny draft")),
+    # tiny-vllm: vocab 259, hidden 128, 4 layers, 2 heads / 1 KV head of 64, MLP 256, untied
+    "tiny-vllm": (ModelSize(4 * 147_968 + 2 * 259 * 128 + 128, 4, 1, 64, 128, "tiny-vllm target"),
+                  ModelSize(147_968 + 2 * 259 * 128 + 128, 1, 1, 64, 128, "tiny-vllm draft")),
 }
 
 # Prior assumptions (documented guesses, not measurements): point value and bootstrap range.

@@ -203,6 +203,8 @@ def load(study: str, profile: str | None = None, table: str = "requests", warn=p
         except Exception as e:  # a corrupt parquet file: report, do not load
             warn(f"skipping corrupt run {folder}: {type(e).__name__}")
             continue
+        if "pair" in df:  # a paired run's pair index (pairing.py), not the model pair added below
+            df = df.rename(columns={"pair": "pair_idx"})
         for key, val in meta["cell"].items():
             df[key] = val
         df["profile"], df["run_id"], df["engine"] = meta["profile"], meta["run_id"], meta.get("engine", "torch")

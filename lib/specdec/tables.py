@@ -11,7 +11,7 @@ every row except `runs`:
   runs       complete run of the study's current config: run keys, cell keys, config_sha256, has_steps,
              started, probe_before_gbs / probe_after_gbs (probe.py: read bandwidth around the run, GB/s)
   batches    timed static batch: repeat, batch_idx, arm ("cell", or "base": the interleaved no-SD twin of a
-             paired cell), pair, size, steps, decode_tokens, decode_s (s, prefill excluded for both
+             paired cell), pair_idx (the raw column `pair`: index of the interleaved pair), size, steps, decode_tokens, decode_s (s, prefill excluded for both
              engines), prefill_s, cpu_util, same_as_base (vLLM: share of sequences whose tokens equal
              the other arm's), step_s/draft_s/verify_s/other_s/engine_steps (vLLM in-process), ...
   requests   request: prompt_set, prompt_idx, new_tokens, arrival_s/admitted_s/first_token_s/finish_s (s)
@@ -150,7 +150,7 @@ def _same_as_base(df: pd.DataFrame) -> pd.Series:
     out = pd.Series(np.nan, index=df.index)
     if "output_ids" not in df:
         return out
-    for _, g in df[df["output_ids"].notna()].groupby(["run_id", "pair"]):
+    for _, g in df[df["output_ids"].notna()].groupby(["run_id", "pair_idx"]):
         if set(g["arm"]) != {"cell", "base"}:
             continue
         a, b = (list(g.loc[g["arm"] == arm, "output_ids"].iloc[0]) for arm in ("cell", "base"))
@@ -164,8 +164,8 @@ def _batches(df: pd.DataFrame) -> pd.DataFrame:
     become same_as_base (fraction of sequences identical in both arms of the pair) and are dropped."""
     df = df.copy()
     df["arm"] = df["arm"].fillna("cell") if "arm" in df else "cell"
-    if "pair" not in df:
-        df["pair"] = np.nan
+    if "pair_idx" not in df:
+        df["pair_idx"] = np.nan
     df["same_as_base"] = _same_as_base(df)
     return df.drop(columns=["output_ids"], errors="ignore")
 
