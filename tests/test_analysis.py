@@ -222,7 +222,10 @@ def test_claims_on_the_fixture():
     assert v.loc["C4", "verdict"] == "not measurable here" and "> 8" in v.loc["C4", "reason"]
     # no H100/A100 measurements: C7 falls back to the roofline priors of both profiles and says so
     assert v.loc["C7", "basis"] == "predicted" and v.loc["C7", "reason"].startswith("PREDICTED")
-    assert v.loc["C1", "basis"] == "measured"
+    # the fixture has vLLM runs: the speedup claims are decided on vLLM, with the torch engine's value beside them
+    assert (v.loc[["C1", "C2", "C3", "C4", "C5"], "basis"] == "measured, vllm").all()
+    assert v.loc["C3", "torch_engine"].endswith(")") and "x (95% CI" in v.loc["C3", "torch_engine"]
+    assert (v.loc[["C6a", "C6b", "C7", "C8"], "torch_engine"].fillna("") == "").all()
     md = claims.to_markdown(df)
     assert len(re.findall(r"^\| C\d", md, flags=re.M)) == len(df)
 

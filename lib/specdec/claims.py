@@ -387,7 +387,7 @@ def verdicts(gpu: str) -> pd.DataFrame:
         by_vllm, by_torch = speedup_claims(_Data(gpu, "vllm")), speedup_claims(_Data(gpu, "torch"))
         rows = []
         for v, t in zip(by_vllm, by_torch):
-            basis = "measured, vllm" if v["verdict"] != NOT_MEASURABLE else None
+            basis = "measured, vllm"
             rows.append(dict(v, basis=basis, torch_engine=f"{t['measured_text']} ({t['verdict']})"))
     rows += [_c6("C6a", d, 0.7, large=False), _c6("C6b", d, 0.9, large=True), _c7(d), _c8(d)]
     df = pd.DataFrame(rows)

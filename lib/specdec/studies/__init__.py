@@ -66,7 +66,7 @@ class Outputs:
                 raise SpecdecError(f"no saved table {path} (run `make nb-{stem} GPU={gpu}` first)")
             try:
                 df = pd.read_csv(path)
-                text = df.select_dtypes("object").columns  # CSV cannot tell "" from missing: text stays text
+                text = df.select_dtypes(["object", "str"]).columns  # CSV cannot tell "" from missing: text stays text
                 out.tables[name] = df.fillna({c: "" for c in text})
             except pd.errors.EmptyDataError:
                 out.tables[name] = pd.DataFrame()
