@@ -371,7 +371,7 @@ def test_measure_sets_partial_runs_aside_and_skips_finished(fake_gpu):
     cells = config.cells(cfg)
     torch_done = rawdata.run_dir("h100", "batch", f"{config.cell_id(cells[0])}-{chash[:8]}")
     rawdata.write_run(torch_done, {}, {"engine": "torch"})
-    vllm_done = rawdata.run_dir("h100", "batch", f"{config.cell_id(cells[2])}-vllm-{chash[:8]}")
+    vllm_done = rawdata.run_dir("h100", "batch", f"{config.cell_id(cells[2])}-vllm-{config.config_hash(cfg, 'vllm')[:8]}")
     rawdata.write_run(vllm_done, {}, {"engine": "vllm"})
     broken = rawdata.run_dir("h100", "batch", f"{config.cell_id(cells[1])}-vllm-{chash[:8]}")
     broken.mkdir(parents=True)

@@ -145,10 +145,16 @@ def cell_id(cell: dict) -> str:
     return "-".join(parts)
 
 
-def config_hash(cfg: dict) -> str:
+def config_hash(cfg: dict, engine: str = "torch") -> str:
     """sha256 of the config minus the grid (so growing a grid keeps finished cells valid), and minus
-    generation.ngram_match when it is the legacy "latest" (runs from before the key keep their hash)."""
-    body = {k: v for k, v in cfg.items() if k != "grid"}
+    generation.ngram_match when it is the legacy "latest" (runs from before the key keep their hash).
+
+    Engine-scoped sections: `torch` (torch-engine settings, e.g. the Linear path) is left out of vLLM runs'
+    hash, so a change there restarts only torch runs. The torch engine's hash still covers the `vllm` section,
+    as every run's hash did before the `torch` section existed: without a `torch` section, hashes are unchanged."""
+    if engine not in ("torch", "vllm"):
+        raise ValueError(f"unknown engine '{engine}'")
+    body = {k: v for k, v in cfg.items() if k != "grid" and not (engine == "vllm" and k == "torch")}
     gen = body.get("generation")
     if isinstance(gen, dict) and gen.get("ngram_match") == ngram.LEGACY_MATCH:
         body["generation"] = {k: v for k, v in gen.items() if k != "ngram_match"}

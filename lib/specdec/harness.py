@@ -14,6 +14,7 @@ from . import hardware, models, pairing, probe, prompts, rawdata
 from .spec import Cell, Study
 from .timing import clock
 from .engine import GenConfig, Sequence, SpecEngine, decode, generate, prefill
+from .errors import SpecdecError
 
 
 def quantize(model, quant: str):
@@ -37,15 +38,29 @@ class ModelCache:
     """Loads the pair once and keeps quantized variants keyed by the cell's quant.
 
     quant "none" is the config's own regime: target in `dtype`, draft in `draft_dtype` quantized by
-    `draft_quant` (e.g. a bf16 target with an int8 draft); another quant applies to both models."""
+    `draft_quant` (e.g. a bf16 target with an int8 draft); another quant applies to both models.
+    linear "onednn" packs the regime's fp32 Linear layers for oneDNN (onednn.py; an int8 draft keeps its own)."""
 
     def __init__(self, pair_name: str, dtype: str, device: str, draft_dtype: str | None = None,
-                 draft_quant: str = "none"):
+                 draft_quant: str = "none", linear: str = "dense"):
         self.pair = models.load_pair(pair_name, dtype=getattr(torch, dtype), device=device,
                                      draft_dtype=getattr(torch, draft_dtype or dtype))
-        self.variants = {"none": (self.pair.target, quantize(self.pair.draft, draft_quant))}
+        self.linear = linear
+        target, draft = self.pair.target, quantize(self.pair.draft, draft_quant)
+        if linear != "dense":
+            from . import onednn
+            # a quantized draft's Linears are not nn.Linear: it keeps its own kernels
+            for model in (target, draft if draft_quant in (None, "none") else None):
+                why = None if model is None else onednn.usable(model)
+                if why:
+                    raise SpecdecError(f"torch.linear: {linear}: {why}")
+                onednn.apply(model, linear)
+        self.variants = {"none": (target, draft)}
 
     def get(self, quant: str):
+        if quant not in self.variants and self.linear != "dense":
+            raise SpecdecError(f"quant cells ('{quant}') run on the dense Linear path; this config sets "
+                               f"torch.linear: {self.linear}")
         if quant not in self.variants:
             import copy
             self.variants[quant] = (quantize(copy.deepcopy(self.pair.target), quant),
@@ -302,7 +317,7 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
     if st.threads:
         torch.set_num_threads(int(st.threads))
     device = hardware.device_for(profile)
-    mc = ModelCache(st.pair, st.dtype or "float32", device, st.draft_dtype, st.draft_quant)
+    mc = ModelCache(st.pair, st.dtype or "float32", device, st.draft_dtype, st.draft_quant, st.torch.linear)
     tok = mc.pair.tokenizer
     plist = tokenized_prompts(cfg, tok)
     ran = 0

@@ -99,7 +99,7 @@ def run_meta(study: str, folder: Path, profile: str, cell: dict, cfg: dict, mach
     from . import config
 
     return {"study": study, "run_id": folder.name, "profile": profile, "cell": cell, "config": cfg,
-            "config_sha256": config.config_hash(cfg), "hardware": machine,
+            "config_sha256": config.config_hash(cfg, engine), "hardware": machine,
             "versions": versions_ if versions_ is not None else versions(), "git": git_state(),
             "command": "python -m specdec " + " ".join(sys.argv[1:]), "engine": engine, "device": device,
             "started": started, "loadavg_start": loadavg_start, "loadavg_end": os.getloadavg(), **extra}
@@ -146,27 +146,28 @@ def scan(profile: str | None = None, study: str | None = None) -> tuple[list[Pat
 _HASHES: dict = {}
 
 
-def _current_hash(study: str, profile: str | None) -> str | None:
-    """config_sha256 of the study config as it is now for `profile` (None if it cannot be loaded)."""
+def _current_hash(study: str, profile: str | None, engine: str = "torch") -> str | None:
+    """config_sha256 of the study config as it is now for `profile` and `engine` (None if it cannot be loaded)."""
     from . import config
 
-    key = (study, profile)
+    key = (study, profile, engine)
     if key not in _HASHES:
         try:
-            _HASHES[key] = config.config_hash(config.load_study(study, profile))
+            _HASHES[key] = config.config_hash(config.load_study(study, profile), engine)
         except SpecdecError:
             _HASHES[key] = None
     return _HASHES[key]
 
 
 def _keep_current(metas: list[dict], study: str, warn) -> list[bool]:
-    """Per profile: when some runs match the current config hash, keep only those (older-config runs are
-    reported and ignored); when none match (e.g. hand-made or imported runs), keep them all."""
+    """Per profile: when some runs match the current config hash (of their own engine's view of the config,
+    config.config_hash), keep only those (older-config runs are reported and ignored); when none match (e.g.
+    hand-made or imported runs), keep them all."""
     keep = [True] * len(metas)
     for prof in {m.get("profile") for m in metas}:
         idx = [i for i, m in enumerate(metas) if m.get("profile") == prof]
-        now = _current_hash(study, prof)
-        match = [i for i in idx if metas[i].get("config_sha256") == now]
+        match = [i for i in idx
+                 if metas[i].get("config_sha256") == _current_hash(study, prof, metas[i].get("engine") or "torch")]
         if match and len(match) < len(idx):
             for i in set(idx) - set(match):
                 keep[i] = False

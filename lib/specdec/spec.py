@@ -62,6 +62,22 @@ class Timing:
     paired: bool = False
 
 
+LINEAR_PATHS = ("dense", "onednn")  # onednn.py
+
+
+@dataclass(frozen=True)
+class TorchEngine:
+    """The torch engine's own settings (config section `torch`; left out of vLLM runs' config hash).
+
+    linear: "dense" (torch's default matmul path) or "onednn" (fp32 weights pre-packed for oneDNN, CPU only)."""
+
+    linear: str = "dense"
+
+    def __post_init__(self):
+        if self.linear not in LINEAR_PATHS:
+            raise SpecdecError(f"torch.linear must be one of {', '.join(LINEAR_PATHS)}, got '{self.linear}'")
+
+
 @dataclass(frozen=True)
 class Study:
     """A study config after the profile's overrides (config.load_study), typed."""
@@ -78,6 +94,7 @@ class Study:
     threads: int | None = None
     protocol: int = 1
     vllm: dict = field(default_factory=dict)
+    torch: TorchEngine = TorchEngine()
     prompts: Prompts = Prompts()
     generation: Generation = Generation()
     timing: Timing = Timing()
@@ -87,14 +104,15 @@ class Study:
         name = f"config {cfg.get('study', '?')}.yaml"
         if "pair" not in cfg:
             raise SpecdecError(f"{name}: needs a 'pair'")
-        top = {k: v for k, v in cfg.items() if k not in ("prompts", "generation", "timing")}
+        top = {k: v for k, v in cfg.items() if k not in ("prompts", "generation", "timing", "torch")}
         st = _build(cls, top, name)
         prompts = dict(cfg.get("prompts") or {})
         if "sets" in prompts:
             prompts["sets"] = tuple(prompts["sets"])
         return replace(st, prompts=_build(Prompts, prompts, f"{name}: prompts"),
                         generation=_build(Generation, cfg.get("generation"), f"{name}: generation"),
-                        timing=_build(Timing, cfg.get("timing"), f"{name}: timing"), vllm=dict(cfg.get("vllm") or {}))
+                        timing=_build(Timing, cfg.get("timing"), f"{name}: timing"), vllm=dict(cfg.get("vllm") or {}),
+                        torch=_build(TorchEngine, cfg.get("torch"), f"{name}: torch"))
 
     def requests_per_cell(self, cell: "Cell") -> int:
         """Requests of a static cell: the cell's `requests`, else prompts.min_requests, never below one batch,

@@ -343,7 +343,7 @@ def _pending(cfg: dict, study: str, profile_name: str, echo) -> tuple[list, list
     """(cells to run as (cell, folder, llm kwargs), (cell_id, reason) of cells vLLM cannot run).
 
     Folders are <cell-id>-vllm-<config hash>; resume rules as harness.measure: complete runs are kept, partial ones set aside."""
-    chash = cfgmod.config_hash(cfg)
+    chash = cfgmod.config_hash(cfg, "vllm")
     # vLLM folders carry "-vllm-": torch runs never collide
     return rawdata.pending_cells(profile_name, study, cfgmod.cells(cfg),
                                  lambda c: f"{cfgmod.cell_id(c)}-vllm-{chash[:8]}", echo,

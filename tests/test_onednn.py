@@ -1,0 +1,94 @@
+"""The torch engine's oneDNN Linear path (config `torch: {linear: onednn}`): same outputs, same SD guarantees."""
+import pytest
+import torch
+
+from specdec import config, harness, onednn, rawdata
+from specdec.engine import GenConfig, generate
+from specdec.errors import SpecdecError
+from specdec.models import load_pair
+from specdec.spec import Study
+
+PAD = 258
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    """The tiny pair in fp32 twice: dense, and with every Linear packed."""
+    dense = load_pair("tiny", dtype=torch.float32)
+    packed = load_pair("tiny", dtype=torch.float32)
+    n = onednn.pack_linears(packed.target) + onednn.pack_linears(packed.draft)
+    return dense, packed, n
+
+
+def _prompts(n, repeat=False):
+    g = torch.Generator().manual_seed(n)
+    out = [torch.randint(0, 256, (int(torch.randint(3, 30, (1,), generator=g)),), generator=g).tolist()
+           for _ in range(n)]
+    return [p + p for p in out] if repeat else out
+
+
+def test_every_linear_is_packed_and_outputs_match(pairs):
+    dense, packed, n = pairs
+    linears = sum(type(m) is torch.nn.Linear for m in dense.target.modules())
+    linears += sum(type(m) is torch.nn.Linear for m in dense.draft.modules())
+    assert n == linears > 0
+    assert not any(type(m) is torch.nn.Linear for m in packed.target.modules())
+    ids = torch.tensor([_prompts(1)[0]])
+    with torch.no_grad():
+        a, b = dense.target(input_ids=ids).logits, packed.target(input_ids=ids).logits
+    assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+    assert (a.argmax(-1) == b.argmax(-1)).all()
+
+
+@pytest.mark.parametrize("bs,proposer,k", [(1, "draft", 3), (4, "draft", 3), (4, "ngram", 4)])
+def test_greedy_sd_on_packed_weights_equals_its_plain_decoding(pairs, bs, proposer, k):
+    _, packed, _ = pairs
+    prompts = _prompts(bs, repeat=proposer == "ngram")
+    run = lambda **kw: generate(packed.target, packed.draft, prompts, GenConfig(**kw), pad_token_id=PAD)[0]
+    base = run(k=0, max_new_tokens=24)
+    sd = run(k=k, proposer=proposer, max_new_tokens=24)
+    assert [s.generated for s in sd.seqs] == [b.generated for b in base.seqs]
+    assert sum(sum(r["accepted"]) for r in sd.steps) > 0
+
+
+def test_unusable_models_get_one_line_reasons():
+    fp64 = load_pair("tiny", with_draft=False).target  # the tiny pair's default is fp64
+    assert "fp32" in onednn.usable(fp64)
+    with pytest.raises(ValueError, match="fp32"):
+        onednn.pack_linears(fp64)
+    with pytest.raises(ValueError, match="unknown linear path"):
+        onednn.apply(fp64, "fast")
+    with pytest.raises(SpecdecError, match="torch.linear: onednn: .*fp32"):
+        harness.ModelCache("tiny", "float64", "cpu", linear="onednn")
+
+
+def test_config_key_is_checked():
+    cfg = dict(config.load_study("batch", "fixture"), torch={"linear": "fast"})
+    with pytest.raises(SpecdecError, match="torch.linear must be one of dense, onednn"):
+        Study.from_dict(cfg)
+    with pytest.raises(SpecdecError, match="unknown key"):
+        Study.from_dict(dict(cfg, torch={"kernel": "onednn"}))
+
+
+def test_torch_section_is_in_the_torch_hash_only():
+    cfg = config.load_study("batch", "fixture")
+    assert "torch" not in cfg
+    # no torch section: both engines hash as every run did before the section existed
+    assert config.config_hash(cfg, "torch") == config.config_hash(cfg, "vllm") == config.config_hash(cfg)
+    packed = dict(cfg, torch={"linear": "onednn"})
+    assert config.config_hash(packed, "vllm") == config.config_hash(cfg, "vllm")
+    assert config.config_hash(packed, "torch") != config.config_hash(cfg, "torch")
+    with pytest.raises(ValueError, match="unknown engine"):
+        config.config_hash(cfg, "tgi")
+
+
+def test_older_torch_runs_are_ignored_while_vllm_runs_stay_current():
+    """The shipped cpu batch runs: vLLM's (hashed before the torch section existed) still match the config;
+    the torch engine's dense-path runs of the same config do not."""
+    rawdata._HASHES.clear()
+    runs = rawdata.current_runs("batch", "cpu", warn=lambda *_: None)
+    engines = {meta.get("engine") for _, meta in runs}
+    assert "vllm" in engines
+    cfg = config.load_study("batch", "cpu")
+    for _, meta in runs:
+        assert meta["config_sha256"] == config.config_hash(cfg, meta.get("engine") or "torch")
