@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from specdec import config, harness, onednn, rawdata
+from specdec import config, harness, onednn, paths, rawdata
 from specdec.engine import GenConfig, generate
 from specdec.errors import SpecdecError
 from specdec.models import load_pair
@@ -92,3 +92,19 @@ def test_older_torch_runs_are_ignored_while_vllm_runs_stay_current():
     cfg = config.load_study("batch", "cpu")
     for _, meta in runs:
         assert meta["config_sha256"] == config.config_hash(cfg, meta.get("engine") or "torch")
+
+
+def test_current_hash_follows_the_root(tmp_path, monkeypatch):
+    """The hash cache is per root and per config file version: a second root with another batch.yaml (as the
+    vLLM end-to-end test builds) must not get the first root's hash (CI failure on 2026-12-04)."""
+    first = rawdata._current_hash("batch", "fixture", "torch")
+    (tmp_path / "configs" / "hardware").mkdir(parents=True)
+    text = (paths.configs() / "batch.yaml").read_text().replace("seed: 0", "seed: 1", 1)
+    assert "seed: 1" in text
+    (tmp_path / "configs" / "batch.yaml").write_text(text)
+    monkeypatch.setenv("SPECDEC_ROOT", str(tmp_path))
+    second = rawdata._current_hash("batch", "fixture", "torch")
+    assert second != first
+    assert second == config.config_hash(config.load_study("batch", "fixture"), "torch")
+    (tmp_path / "configs" / "batch.yaml").write_text(text.replace("seed: 1", "seed: 22", 1))
+    assert rawdata._current_hash("batch", "fixture", "torch") != second  # edited in place: re-read

@@ -146,11 +146,18 @@ def scan(profile: str | None = None, study: str | None = None) -> tuple[list[Pat
 _HASHES: dict = {}
 
 
+def _config_stamp(study: str) -> tuple | None:
+    """(mtime_ns, size) of the study config file, so that the hash cache follows a changed root
+    (SPECDEC_ROOT) or an edited config within one process."""
+    path = paths.configs() / f"{study}.yaml"
+    return (path.stat().st_mtime_ns, path.stat().st_size) if path.exists() else None
+
+
 def _current_hash(study: str, profile: str | None, engine: str = "torch") -> str | None:
     """config_sha256 of the study config as it is now for `profile` and `engine` (None if it cannot be loaded)."""
     from . import config
 
-    key = (study, profile, engine)
+    key = (str(paths.configs()), _config_stamp(study), study, profile, engine)
     if key not in _HASHES:
         try:
             _HASHES[key] = config.config_hash(config.load_study(study, profile), engine)
