@@ -1,4 +1,6 @@
 """The torch engine's oneDNN Linear path (config `torch: {linear: onednn}`): same outputs, same SD guarantees."""
+import shutil
+
 import pytest
 import torch
 
@@ -98,7 +100,7 @@ def test_current_hash_follows_the_root(tmp_path, monkeypatch):
     """The hash cache is per root and per config file version: a second root with another batch.yaml (as the
     vLLM end-to-end test builds) must not get the first root's hash (CI failure on 2026-12-04)."""
     first = rawdata._current_hash("batch", "fixture", "torch")
-    (tmp_path / "configs" / "hardware").mkdir(parents=True)
+    shutil.copytree(paths.configs() / "hardware", tmp_path / "configs" / "hardware")
     text = (paths.configs() / "batch.yaml").read_text().replace("seed: 0", "seed: 1", 1)
     assert "seed: 1" in text
     (tmp_path / "configs" / "batch.yaml").write_text(text)

@@ -203,9 +203,10 @@ def test_advise_cli_with_traces_file_on_prior_profile(capsys, tmp_path):
 @pytest.mark.parametrize("args,msg", [
     (["--pair", "nope", "--gpu", "fixture", "--batch", "4"], "unknown model pair"),
     (["--pair", "tiny", "--gpu", "nope", "--batch", "4"], "unknown hardware profile"),
-    (["--pair", "tiny-vllm", "--gpu", "fixture", "--batch", "0"], "batch must be >= 1"),
-    (["--pair", "tiny-vllm", "--gpu", "fixture", "--batch", "4", "--k", "-1"], "k must be >= 0"),
-    (["--pair", "tiny-vllm", "--gpu", "fixture", "--batch", "4", "--k", "9"], "only cover k <= 5"),
+    (["--pair", "tiny-vllm", "--gpu", "fixture", "--batch", "0"], "batch must be an integer in 1..4096"),
+    (["--pair", "tiny-vllm", "--gpu", "fixture", "--batch", "4", "--k", "-1"], "k must be in 0..8"),
+    (["--pair", "tiny-vllm", "--gpu", "fixture", "--batch", "4", "--k", "6"], "only cover k <= 5"),
+    (["--pair", "tiny-vllm", "--gpu", "fixture", "--batch", "4", "--k", "9"], "k must be in 0..8"),
 ])
 def test_advise_cli_bad_input_is_one_line_exit_2(capsys, args, msg):
     code, out, err = run_cli(capsys, *args)

@@ -128,7 +128,7 @@ def test_bad_published_costs_are_one_line_errors(tmp_path, monkeypatch):
     root = tmp_path / "repo"
     (root / "configs" / "hardware").mkdir(parents=True)
     (root / "configs" / "hardware" / "x.yaml").write_text(
-        "name: x\nkind: gpu\ncosts:\n  llama3.1-8b/eagle: {target: {fixed_s: 1, per_token_s: -1, per_kv_token_s: 0}}\n")
+        "name: x\nkind: gpu\nmatch: {cuda: true}\ncosts:\n  llama3.1-8b/eagle: {target: {fixed_s: 1, per_token_s: -1, per_kv_token_s: 0}}\n")
     monkeypatch.setattr(paths, "root", lambda: root)
     with pytest.raises(SpecdecError, match="per_token_s must be a number >= 0"):
         costmodel.published("x", "llama3.1-8b/eagle")

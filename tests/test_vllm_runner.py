@@ -378,6 +378,10 @@ def test_measure_sets_partial_runs_aside_and_skips_finished(fake_gpu):
     lines = []
     res = vr.measure("batch", "h100", dry_run=True, echo=lines.append)
     assert res["pending"] == len(cells) - 1  # a torch run of the same cell does not count for vLLM
+    assert any("would set aside interrupted run" in line for line in lines)
+    assert broken.exists()  # a dry run changes nothing on disk
+    res0 = vr.measure("batch", "h100", limit=0, echo=lines.append)
+    assert res0["ran"] == 0
     assert any("interrupted run set aside" in line for line in lines)
     assert not broken.exists()
 

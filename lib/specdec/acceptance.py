@@ -65,6 +65,8 @@ def read_jsonl(path: str | Path) -> list[Trace]:
         lines = path.read_text().splitlines()
     except OSError as e:
         raise SpecdecError(f"cannot read traces file {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise SpecdecError(f"cannot read traces file {path}: not a text (JSONL) file") from None
     out = []
     for i, line in enumerate(lines, start=1):
         if not line.strip():
@@ -73,7 +75,7 @@ def read_jsonl(path: str | Path) -> list[Trace]:
             obj = json.loads(line)
             k, acc = obj["k"], obj["accepted"]
             ok = isinstance(k, int) and k >= 1 and isinstance(acc, list) and \
-                all(isinstance(n, int) and 0 <= n <= k for n in acc)
+                all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= k for n in acc)
         except (json.JSONDecodeError, KeyError, TypeError):
             ok = False
         if not ok:

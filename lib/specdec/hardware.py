@@ -24,8 +24,56 @@ def load_profile(name: str) -> dict:
         prof = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
         raise SpecdecError(f"hardware profile {path.name} is not valid YAML: {str(e).splitlines()[0]}") from e
-    prof.setdefault("name", name)
-    return prof
+    return validate_profile(prof, path.name, name)
+
+
+# key: (allowed types, required). Numbers are int or float (not bool); None where the value may be unknown.
+_NUM = (int, float)
+PROFILE_KEYS = {"name": ((str,), False), "kind": ((str,), True), "match": ((dict,), True),
+                "description": ((str,), False), "peak_tflops": (_NUM + (type(None),), False),
+                "mem_bw_tbs": (_NUM + (type(None),), False), "memory_gib": (_NUM + (type(None),), False),
+                "source": ((str,), False), "costs": ((dict,), False)}
+MATCH_KEYS = {"cuda": (bool,), "cpu_model": (str,), "cores": (int,), "cpu_flags": (list,), "device_name": (str,)}
+KINDS = ("cpu", "gpu")
+
+
+def _typed(val, types: tuple) -> bool:
+    return isinstance(val, types) and not (isinstance(val, bool) and bool not in types)
+
+
+def validate_profile(prof, file: str, name: str) -> dict:
+    """A hardware profile checked like spec.Study: unknown keys, wrong types and missing fields are one-line
+    errors (a misspelt `match:` would turn the machine check off, a misspelt `kind:` make a GPU a CPU)."""
+    if not isinstance(prof, dict):
+        raise SpecdecError(f"hardware profile {file} must be a mapping of keys, got {type(prof).__name__}")
+    unknown = sorted(set(prof) - set(PROFILE_KEYS))
+    if unknown:
+        raise SpecdecError(f"hardware profile {file}: unknown key(s) {unknown}; allowed: {', '.join(PROFILE_KEYS)}")
+    for key, (types, required) in PROFILE_KEYS.items():
+        if key not in prof:
+            if required:
+                raise SpecdecError(f"hardware profile {file}: missing required key '{key}'")
+            continue
+        if not _typed(prof[key], types):
+            raise SpecdecError(f"hardware profile {file}: '{key}' must be {' or '.join(t.__name__ for t in types)},"
+                               f" got {prof[key]!r}")
+    if prof["kind"] not in KINDS:
+        raise SpecdecError(f"hardware profile {file}: kind must be one of {', '.join(KINDS)}, got {prof['kind']!r}")
+    for key in ("peak_tflops", "mem_bw_tbs", "memory_gib"):
+        if prof.get(key) is not None and not prof[key] > 0:
+            raise SpecdecError(f"hardware profile {file}: '{key}' must be > 0, got {prof[key]!r}")
+    match = prof["match"]
+    unknown = sorted(set(match) - set(MATCH_KEYS))
+    if unknown:
+        raise SpecdecError(f"hardware profile {file}: unknown match key(s) {unknown}; allowed: {', '.join(MATCH_KEYS)}")
+    for key, types in MATCH_KEYS.items():
+        if key in match and not _typed(match[key], types):
+            raise SpecdecError(f"hardware profile {file}: match.{key} must be {types[0].__name__}, got {match[key]!r}")
+    if not all(isinstance(f, str) for f in match.get("cpu_flags", [])):
+        raise SpecdecError(f"hardware profile {file}: match.cpu_flags must be a list of flag names")
+    if prof.get("name", name) != name:
+        raise SpecdecError(f"hardware profile {file}: name '{prof['name']}' differs from the file name '{name}'")
+    return dict(prof, name=name)
 
 
 def _cpuinfo(field: str) -> str | None:

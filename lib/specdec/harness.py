@@ -297,16 +297,18 @@ def run_hf(cfg, cell, target, draft, plist, tok):
     return rows
 
 
-def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bool = False, echo=print) -> dict:
+def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bool = False, echo=print,
+            only: str | None = None) -> dict:
     """Run every missing cell of a study under a hardware profile. Returns counts of done/skipped cells."""
     profile = hardware.load_profile(profile_name)
     machine = hardware.describe_machine()
     hardware.check_machine(profile, machine)
     cfg = cfgmod.load_study(study, profile_name)
-    todo = cfgmod.cells(cfg)
+    todo = cfgmod.select(cfgmod.cells(cfg), only, study)
     chash = cfgmod.config_hash(cfg)
     rawdata.git_state()  # read now, before the first cell: the code this process imported
-    pending, _ = rawdata.pending_cells(profile_name, study, todo, lambda c: f"{cfgmod.cell_id(c)}-{chash[:8]}", echo)
+    pending, _ = rawdata.pending_cells(profile_name, study, todo, lambda c: f"{cfgmod.cell_id(c)}-{chash[:8]}", echo,
+                                       dry_run=dry_run)
     total = len(pending)
     echo(f"{study} on {profile_name}: {len(todo)} cells, {len(todo) - total} done, {total} to run")
     if limit is not None:

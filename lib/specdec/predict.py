@@ -16,6 +16,7 @@ end_bs]; k = 0 turns drafting off), each k <= `num_speculative_tokens`.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -31,6 +32,8 @@ from .errors import SpecdecError
 DEFAULT_CONTEXT = 512  # KV tokens per sequence when none is given
 K_MAX = 8              # largest k searched
 MAX_BATCH = 256        # policy range (vLLM's usual max_num_seqs)
+ADVISE_MAX_BATCH = 4096  # largest batch advise evaluates (its policy arrays grow with the batch)
+MAX_TOKENS = 1e7       # largest context / prompt / output length advise accepts [tokens]
 
 
 def speedup(costs: CostModel, acc: AcceptanceModel, batch, k: int, context=DEFAULT_CONTEXT,
@@ -305,18 +308,25 @@ def advise(pair: str, profile: str, batch: int, k: int | None = None, traces: st
     hardware.load_profile(profile)
     if proposer not in PROPOSERS:
         raise SpecdecError(f"unknown proposer '{proposer}'; known: {', '.join(PROPOSERS)}")
-    if batch < 1:
-        raise SpecdecError(f"batch must be >= 1, got {batch}")
-    if k is not None and k < 0:
-        raise SpecdecError(f"k must be >= 0, got {k}")
+    if proposer == "eagle" and not name.endswith("/eagle"):
+        raise SpecdecError(f"pair '{name}' has no EAGLE head (its draft is a separate model): use --proposer "
+                           f"draft or ngram, or an EAGLE pair such as llama3.1-8b/eagle")
+    if not 1 <= batch <= ADVISE_MAX_BATCH:
+        raise SpecdecError(f"batch must be an integer in 1..{ADVISE_MAX_BATCH}, got {batch}")
+    if k is not None and not 0 <= k <= K_MAX:
+        raise SpecdecError(f"k must be in 0..{K_MAX}, got {k}")
+    for label, val in (("context", context), ("prompt tokens", prompt_tokens), ("output tokens", output_tokens)):
+        if val is not None and not (math.isfinite(val) and 1 <= val <= MAX_TOKENS):
+            raise SpecdecError(f"{label} must be a number of tokens in 1..{MAX_TOKENS:.0f}, got {val}")
+    if not prefill and (prompt_tokens is not None or output_tokens is not None):
+        raise SpecdecError("--prompt-tokens and --output-tokens count only with --prefill")
     acc, P, G = load_acceptance(traces, profile, name, proposer)
     if context is None:
         context = P + G / 2 if P is not None else DEFAULT_CONTEXT
-    if context < 1:
-        raise SpecdecError(f"context must be >= 1 KV token, got {context}")
     pre = None
     if prefill:
-        pre = (float(prompt_tokens or P or 512), float(output_tokens or G or 256))
+        pre = (float(prompt_tokens if prompt_tokens is not None else (P or 512)),
+               float(output_tokens if output_tokens is not None else (G or 256)))
     costs = costmodel.load(profile, name)
     if proposer == "eagle" and costs.draft is None:
         raise SpecdecError(f"costs for {name} on {profile} have no draft/EAGLE cost")

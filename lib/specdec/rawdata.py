@@ -28,16 +28,55 @@ def run_dir(profile: str, study: str, run_id: str) -> Path:
 
 
 def read_meta(folder: Path) -> dict | None:
-    """The meta dict of a complete run, else None."""
+    """The meta dict of a run whose meta.json says it is complete, else None (no meta.json, not JSON, not a
+    mapping, or another status: a partial run)."""
     try:
         meta = json.loads((folder / "meta.json").read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    return meta if meta.get("status") == "complete" else None
+    return meta if isinstance(meta, dict) and meta.get("status") == "complete" else None
 
 
 def is_complete(folder: Path) -> bool:
+    """Whether the run's meta.json says complete: such a folder is never overwritten or set aside, even when
+    it is corrupt (see problem)."""
     return read_meta(folder) is not None
+
+
+META_KEYS = {"run_id": str, "profile": str, "cell": dict, "config": dict}  # what loading a run reads
+
+
+def problem(folder: Path) -> str | None:
+    """Why a run whose meta.json says complete cannot be read (None when it can): meta.json lacking a key
+    every run has, or a table file that is not a readable parquet (truncated, overwritten). Such a run is
+    corrupt: reported by status, tables, notebooks and goals, never loaded, never silently dropped."""
+    meta = read_meta(folder)
+    if meta is None:
+        return "no complete meta.json"
+    bad = [k for k, t in META_KEYS.items() if not isinstance(meta.get(k), t)]
+    if bad:
+        return f"meta.json lacks or mistypes {', '.join(bad)}"
+    files = sorted(folder.glob("*.parquet"))
+    if not files:
+        return "no table files"
+    for f in files:
+        st = f.stat()
+        err = _parquet_problem(str(f), st.st_mtime_ns, st.st_size)
+        if err:
+            return f"{f.name} unreadable ({err})"
+    return None
+
+
+@functools.lru_cache(maxsize=8192)
+def _parquet_problem(path: str, mtime_ns: int, size: int) -> str | None:
+    """Why a parquet file's footer and schema cannot be read (None if they can); cached per file version."""
+    import pyarrow.parquet as pq
+
+    try:
+        pq.ParquetFile(path).schema_arrow
+    except Exception as e:  # pyarrow raises ArrowInvalid, OSError, ... for a truncated or foreign file
+        return type(e).__name__
+    return None
 
 
 @functools.lru_cache(maxsize=1)
@@ -105,12 +144,14 @@ def run_meta(study: str, folder: Path, profile: str, cell: dict, cfg: dict, mach
             "started": started, "loadavg_start": loadavg_start, "loadavg_end": os.getloadavg(), **extra}
 
 
-def pending_cells(profile: str, study: str, cells: list[dict], run_id, echo=print, prepare=None):
+def pending_cells(profile: str, study: str, cells: list[dict], run_id, echo=print, prepare=None,
+                  dry_run: bool = False):
     """The resume rule shared by both engines: (pending, unsupported) for a study's cells.
 
     `run_id(cell)` names the cell's folder. Complete folders are skipped (never overwritten); `prepare(cell)`
     (optional) returns what running the cell needs or raises SpecdecError, which lists the cell as
-    unsupported; a folder left by an interrupted run is set aside (renamed, kept) so the cell is redone.
+    unsupported; a folder left by an interrupted run is set aside (renamed, kept) so the cell is redone
+    (with `dry_run`, only reported: a dry run changes nothing on disk).
     pending: [(cell, folder, prepared)], unsupported: [(run_id, reason)]."""
     pending, unsupported = [], []
     for cell in cells:
@@ -125,22 +166,44 @@ def pending_cells(profile: str, study: str, cells: list[dict], run_id, echo=prin
             except SpecdecError as e:
                 unsupported.append((rid, str(e)))
                 continue
-        moved = set_aside_partial(folder)
-        if moved:
-            echo(f"interrupted run set aside: {moved}")
+        if dry_run:
+            if folder.exists():
+                echo(f"would set aside interrupted run: {folder}")
+        else:
+            moved = set_aside_partial(folder)
+            if moved:
+                echo(f"interrupted run set aside: {moved}")
         pending.append((cell, folder, prepared))
     return pending, unsupported
 
 
 def scan(profile: str | None = None, study: str | None = None) -> tuple[list[Path], list[Path]]:
-    """(complete run folders, partial ones) under data/raw, optionally for one profile/study."""
+    """(sound complete run folders, partial ones) under data/raw, optionally for one profile/study.
+    Corrupt runs (complete but unreadable, see problem) are in neither: corrupt() lists them."""
+    complete, partial, _ = scan_all(profile, study)
+    return complete, partial
+
+
+def corrupt(profile: str | None = None, study: str | None = None) -> list[tuple[Path, str]]:
+    """(folder, why) of every complete-but-unreadable run under data/raw, optionally for one profile/study."""
+    return scan_all(profile, study)[2]
+
+
+def scan_all(profile: str | None = None, study: str | None = None) -> tuple[list[Path], list[Path], list]:
+    """(sound complete runs, partial runs, [(corrupt run, why)]) under data/raw."""
     base = paths.raw_root()
     pattern = f"{profile or '*'}/{study or '*'}/*"
-    complete, partial = [], []
+    complete, partial, bad = [], [], []
     for folder in sorted(base.glob(pattern)):
-        if folder.is_dir():
-            (complete if is_complete(folder) else partial).append(folder)
-    return complete, partial
+        if not folder.is_dir():
+            continue
+        if not is_complete(folder):
+            partial.append(folder)
+        elif (why := problem(folder)) is not None:
+            bad.append((folder, why))
+        else:
+            complete.append(folder)
+    return complete, partial, bad
 
 
 _HASHES: dict = {}
@@ -198,9 +261,11 @@ def load(study: str, profile: str | None = None, table: str = "requests", warn=p
     one-line error."""
     if table not in TABLES:
         raise SpecdecError(f"unknown raw table '{table}'; known: {', '.join(TABLES)}")
-    complete, partial = scan(profile, study)
+    complete, partial, bad = scan_all(profile, study)
     for folder in partial:
-        warn(f"skipping partial or corrupt run {folder} (no complete meta.json)")
+        warn(f"skipping partial run {folder} (no complete meta.json)")
+    for folder, why in bad:
+        warn(f"skipping CORRUPT run {folder}: {why}")
     frames = []
     for folder, meta in current_runs(study, profile, warn, complete):
         path = folder / f"{table}.parquet"

@@ -37,7 +37,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 import sys
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 
@@ -90,9 +93,12 @@ def _check(gpu: str, study: str, name: str | None = None) -> None:
 def signature(gpu: str, study: str) -> tuple[str, tuple]:
     """What the tables are built from: (raw root, ((run folder, sha256 of its meta.json), ...) of every
     complete run). The same run names under another raw root are other runs."""
-    complete, partial = rawdata.scan(gpu, study)
+    complete, partial, bad = rawdata.scan_all(gpu, study)
     for f in partial:
         _warn(f"skipping partial run {f} (no complete meta.json)")
+    for f, why in bad:
+        _warn(f"skipping CORRUPT run {f}: {why}; results of study '{study}' lack it (move it to data/set-aside/ "
+              f"and re-measure the cell)")
     runs_ = []
     for f in complete:
         try:
@@ -287,6 +293,10 @@ def write(gpu: str, studies: list[str] | None = None, echo=print) -> list[Path]:
     for study in studies or []:
         _check(gpu, study)
     names = studies or [s for s in cfgmod.study_names() if rawdata.scan(gpu, s)[0]]
+    bad = [b for study in names for b in rawdata.corrupt(gpu, study)]
+    if bad:  # refuse: tables (and every verdict built on them) would silently lack these cells
+        raise SpecdecError(f"{len(bad)} corrupt raw run(s), first {bad[0][0]}: {bad[0][1]}; move them out of "
+                           f"data/raw (e.g. to data/set-aside/) and re-measure (`specdec status` lists them)")
     if not names:
         echo(f"no raw runs for profile '{gpu}' under {paths.raw_root() / gpu}: nothing to tabulate")
     written = []
@@ -298,17 +308,31 @@ def write(gpu: str, studies: list[str] | None = None, echo=print) -> list[Path]:
             written.append(manifest)
             continue
         tabs = build(gpu, study)
-        out.mkdir(parents=True, exist_ok=True)
-        for old in out.glob("*.parquet"):
-            old.unlink()
-        for name, df in tabs.items():
-            df.to_parquet(out / f"{name}.parquet", index=False)
-        manifest.write_text(json.dumps({"gpu": gpu, "study": study, "raw_root": sig[0],
-                                        "runs": [list(r) for r in sig[1]],
-                                        "tables": sorted(tabs)}, indent=1))
+        _replace_folder(out, tabs, {"gpu": gpu, "study": study, "raw_root": sig[0],
+                                    "runs": [list(r) for r in sig[1]], "tables": sorted(tabs)})
         echo(f"{study}: {', '.join(f'{n} ({len(d)})' for n, d in tabs.items())} -> {out}")
         written.append(manifest)
     return written
+
+
+def _replace_folder(out: Path, tabs: dict, manifest: dict) -> None:
+    """Write a study's tables into a fresh sibling folder, then swap it in by renames: a concurrent reader or
+    writer (two `specdec tables` at once) sees the old folder or the new one, never a half-written one."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    for name, df in tabs.items():
+        df.to_parquet(tmp / f"{name}.parquet", index=False)
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+    try:
+        os.replace(out, old / "tables")  # may be absent on a first write
+    except FileNotFoundError:
+        pass
+    try:
+        os.replace(tmp, out)
+    except OSError:  # another writer got there first with the same inputs: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _manifest_matches(manifest: Path, sig: tuple) -> bool:
@@ -349,7 +373,10 @@ def _read_cached(where: str, sig: tuple) -> dict | None:
     out = Path(where)
     if not _manifest_matches(out / "manifest.json", sig):
         return None
-    return {p.stem: pd.read_parquet(p) for p in out.glob("*.parquet")}
+    try:
+        return {p.stem: pd.read_parquet(p) for p in out.glob("*.parquet")}
+    except OSError:  # swapped out by a concurrent `tables` write: build in memory instead
+        return None
 
 
 def runs(gpu: str, study: str) -> pd.DataFrame:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 from dataclasses import dataclass
 from functools import lru_cache
@@ -94,11 +95,25 @@ def _git_commit(folder: Path) -> str:
         return "unknown"
 
 
+def check_acc(acc, where: str, cap: int | None = None) -> tuple[int, ...]:
+    """One request's acc_len list checked: integers (not bools, not fractions, not strings) >= 1 and, when the
+    recording's cap is known, <= cap (= k_recorded + 1). Anything else is a one-line error: a value <= 0 would
+    make a replay advance by nothing and never end."""
+    if not isinstance(acc, (list, tuple)) or not acc:
+        raise SpecdecError(f"{where}: acc_len must be a non-empty list of integers >= 1, got {acc!r:.60}")
+    bad = next((v for v in acc if isinstance(v, bool) or not isinstance(v, int) or v < 1), None)
+    if bad is not None or any(isinstance(v, bool) for v in acc):
+        raise SpecdecError(f"{where}: acc_len values must be integers >= 1, got {bad!r}")
+    if cap is not None and max(acc) > cap:
+        raise SpecdecError(f"{where}: acc_len value {max(acc)} exceeds the recording's cap {cap} (k_max + 1)")
+    return tuple(acc)
+
+
 def _read_paper_line(line: str, where: str) -> dict:
     try:
         obj = json.loads(line)
         acc = {p: obj[f"acc_{p}"]["acc_len"] for p in PROPOSERS if f"acc_{p}" in obj}
-        if not acc or not all(isinstance(v, list) and all(isinstance(n, int) and n >= 1 for n in v)
+        if not acc or not all(isinstance(v, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in v)
                               for v in acc.values()):
             raise ValueError
         return {"id": str(obj["id"]), "prompt_len": len(obj["prompt_token_ids"]), "acc": acc}
@@ -117,26 +132,44 @@ def import_paper(src: str | Path, name: str, held_out: list[str], pair: str, pro
     files = [f for f in files if f.exists()]
     if not files:
         raise SpecdecError(f"no combined_<dataset>.jsonl files at {src}")
-    out = (out_root or traces_root()) / name
-    if (out / "source.json").exists():
-        raise SpecdecError(f"trace collection {out} exists already; remove it by hand to re-import")
-    out.mkdir(parents=True, exist_ok=True)
+    final = (out_root or traces_root()) / name
+    if final.exists():
+        raise SpecdecError(f"trace collection {final} exists already; remove it by hand to re-import")
+    out = final.with_name(f".{name}.importing")  # written whole, then renamed: a failed import leaves nothing
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    try:
+        meta = _convert(files, out, name, held_out, pair, profile, match_prob, source_note, licence, echo,
+                        commit or _git_commit(src if src.is_dir() else src.parent))
+        (out / "source.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        out.rename(final)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    return final
+
+
+def _convert(files: list[Path], out: Path, name: str, held_out: list[str], pair: str, profile: str,
+             match_prob: dict[str, float], source_note: str, licence: str, echo, commit: str) -> dict:
+    """Write one converted <dataset>.jsonl per source file into `out`; returns the collection's source.json."""
     datasets = {}
     for f in files:
         dataset = f.stem.removeprefix("combined_")
+        try:
+            text = f.read_text()
+        except UnicodeDecodeError:
+            raise SpecdecError(f"{f.name}: not a text (JSONL) file") from None
         rows = [_read_paper_line(line, f"{f.name} line {i}")
-                for i, line in enumerate(f.read_text().splitlines(), start=1) if line.strip()]
+                for i, line in enumerate(text.splitlines(), start=1) if line.strip()]
+        if not rows:
+            raise SpecdecError(f"{f.name}: no requests")
         (out / f"{dataset}.jsonl").write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
         cap = max(max(v) for r in rows for v in r["acc"].values() if v)
         datasets[dataset] = {"file": f.name, "sha256": _sha256(f), "requests": len(rows), "max_acc_len": cap,
                              "held_out": dataset in held_out, "ngram_match_prob": match_prob.get(dataset)}
         echo(f"{dataset}: {len(rows)} requests, acc_len up to {cap}" + (" (held out)" if dataset in held_out else ""))
-    meta = {"name": name, "pair": pair, "profile": profile, "source": source_note, "licence": licence,
-            "source_commit": commit or _git_commit(src if src.is_dir() else src.parent), "datasets": datasets,
-            "cap": max(d["max_acc_len"] for d in datasets.values()),
+    return {"name": name, "pair": pair, "profile": profile, "source": source_note, "licence": licence,
+            "source_commit": commit, "datasets": datasets, "cap": max(d["max_acc_len"] for d in datasets.values()),
             "format": "one request per line: id, prompt_len [tokens], acc: {proposer: acc_len per output position}"}
-    (out / "source.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    return out
 
 
 def collections() -> list[str]:
@@ -165,11 +198,13 @@ def load(name: str, dataset: str, proposer: str) -> TraceSet:
     if proposer not in PROPOSERS:
         raise SpecdecError(f"unknown traced proposer '{proposer}'; known: {', '.join(PROPOSERS)}")
     reqs = []
-    for line in (traces_root() / name / f"{dataset}.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        acc = r["acc"].get(proposer)
-        if acc:
-            reqs.append(Request(r["id"], int(r["prompt_len"]), tuple(acc)))
+    path = traces_root() / name / f"{dataset}.jsonl"
+    for i, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            r = _converted_line(line, f"{name}/{path.name} line {i}")
+            if r["acc"].get(proposer):
+                reqs.append(Request(r["id"], r["prompt_len"],
+                                    check_acc(r["acc"][proposer], f"{name}/{path.name} line {i}", int(meta["cap"]))))
     if not reqs:
         raise SpecdecError(f"{name}/{dataset} has no '{proposer}' traces")
     dm = meta["datasets"][dataset]
@@ -193,6 +228,8 @@ def steps(acc_len, k: int) -> tuple[np.ndarray, np.ndarray]:
     acc = np.asarray(acc_len)
     starts, emitted = [], []
     cur = 1
+    if len(acc) and acc.min() < 1:
+        raise SpecdecError(f"acc_len values must be >= 1 (a step emits at least one token), got {acc.min()}")
     while cur < len(acc):
         e = min(int(acc[cur - 1]), k + 1)
         starts.append(cur)
@@ -201,23 +238,46 @@ def steps(acc_len, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(starts, dtype=int), np.asarray(emitted, dtype=int)
 
 
+def _converted_line(line: str, where: str) -> dict:
+    """One line of a converted trace file: {"id", "prompt_len" (int >= 0), "acc": {proposer: acc_len}}."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError:
+        raise SpecdecError(f"{where}: not a JSON line") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("acc"), dict) or "id" not in obj:
+        raise SpecdecError(f"{where}: expected {{\"id\", \"prompt_len\", \"acc\": {{proposer: acc_len}}}}")
+    plen = obj.get("prompt_len")
+    if isinstance(plen, bool) or not isinstance(plen, int) or plen < 0:
+        raise SpecdecError(f"{where}: prompt_len must be an integer >= 0, got {plen!r}")
+    return {"id": str(obj["id"]), "prompt_len": plen, "acc": obj["acc"]}
+
+
 def _from_file(path: Path, proposer: str) -> TraceSet:
+    meta = path.parent / "source.json"
+    try:
+        m = json.loads(meta.read_text()) if meta.exists() else {}
+    except json.JSONDecodeError:
+        m = {}
+    m = m if isinstance(m, dict) else {}
+    known_cap = m.get("cap") if isinstance(m.get("cap"), int) else None
     reqs, cap = [], 1
     for i, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
             continue
-        obj = json.loads(line)
-        r = obj if "acc" in obj else _read_paper_line(line, f"{path.name} line {i}")
+        where = f"{path.name} line {i}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            raise SpecdecError(f"{where}: not a JSON line") from None
+        r = _converted_line(line, where) if isinstance(obj, dict) and "acc" in obj else _read_paper_line(line, where)
         acc = r["acc"].get(proposer)
         if acc:
-            reqs.append(Request(str(r["id"]), int(r["prompt_len"]), tuple(acc)))
+            reqs.append(Request(r["id"], r["prompt_len"], check_acc(acc, where, known_cap)))
             cap = max(cap, max(acc))
     if not reqs:
         raise SpecdecError(f"{path.name} has no '{proposer}' per-position traces")
-    meta = path.parent / "source.json"
-    m = json.loads(meta.read_text()) if meta.exists() else {}
     dm = m.get("datasets", {}).get(path.stem, {})
-    return TraceSet(m.get("name", path.parent.name), path.stem, proposer, tuple(reqs), int(m.get("cap", cap)),
+    return TraceSet(m.get("name", path.parent.name), path.stem, proposer, tuple(reqs), known_cap or cap,
                     dm.get("ngram_match_prob") if proposer == "ngram" else None, bool(dm.get("held_out", False)),
                     m.get("pair", "unknown"), m.get("profile", "unknown"))
 
@@ -237,10 +297,12 @@ def resolve(spec: str, proposer: str) -> TraceSet | None:
                            f"(collections: {', '.join(collections()) or 'none'})")
     try:
         first = next((json.loads(line) for line in path.read_text().splitlines() if line.strip()), None)
-    except (OSError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         raise SpecdecError(f"cannot read traces file {path}: not JSONL") from None
     if first is None:
         raise SpecdecError(f"traces file {path} is empty")
+    if not isinstance(first, dict):
+        raise SpecdecError(f"traces file {path}: each line must be a JSON object")
     if "accepted" in first:
         return None
     if proposer not in PROPOSERS:

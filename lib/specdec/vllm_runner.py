@@ -339,15 +339,16 @@ def run_static(llms: dict, sampling_cls, cfg: dict, cell: dict, plist: list[dict
     return reqs, batches, acceptance_summary(counters_delta(after, before))
 
 
-def _pending(cfg: dict, study: str, profile_name: str, echo) -> tuple[list, list]:
+def _pending(cfg: dict, study: str, profile_name: str, echo, dry_run: bool = False,
+             only: str | None = None) -> tuple[list, list]:
     """(cells to run as (cell, folder, llm kwargs), (cell_id, reason) of cells vLLM cannot run).
 
     Folders are <cell-id>-vllm-<config hash>; resume rules as harness.measure: complete runs are kept, partial ones set aside."""
     chash = cfgmod.config_hash(cfg, "vllm")
     # vLLM folders carry "-vllm-": torch runs never collide
-    return rawdata.pending_cells(profile_name, study, cfgmod.cells(cfg),
+    return rawdata.pending_cells(profile_name, study, cfgmod.select(cfgmod.cells(cfg), only, study),
                                  lambda c: f"{cfgmod.cell_id(c)}-vllm-{chash[:8]}", echo,
-                                 prepare=lambda c: llm_kwargs(cfg, c))
+                                 prepare=lambda c: llm_kwargs(cfg, c), dry_run=dry_run)
 
 
 def _shutdown(llm) -> None:
@@ -400,7 +401,8 @@ class Engines:
         self.alive.clear()
 
 
-def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bool = False, echo=print) -> dict:
+def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bool = False, echo=print,
+            only: str | None = None) -> dict:
     """Run every missing static cell of a study with vLLM under a hardware profile.
 
     Returns counts: cells, ran, pending (runnable, still missing), unsupported (cells vLLM cannot run)."""
@@ -410,8 +412,8 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
     machine = hardware.describe_machine()
     hardware.check_machine(profile, machine)
     cfg = cfgmod.load_study(study, profile_name)
-    todo = cfgmod.cells(cfg)
-    pending, unsupported = _pending(cfg, study, profile_name, echo)
+    todo = cfgmod.select(cfgmod.cells(cfg), only, study)
+    pending, unsupported = _pending(cfg, study, profile_name, echo, dry_run, only)
     if unsupported and len(unsupported) == len(todo):
         raise SpecdecError(f"no cell of study '{study}' can run on vLLM; {unsupported[0][0]}: {unsupported[0][1]}")
     for cid, reason in unsupported:
