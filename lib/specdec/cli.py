@@ -32,16 +32,29 @@ def measure(study: str = typer.Option(..., help="study stem, e.g. batch (configs
     typer.echo(f"ran {res['ran']} cell(s); {res['pending']} still pending{extra}")
 
 
+def _known_profile(gpu: str) -> None:
+    """A profile with a yaml or with raw runs (imported runs may come without a yaml); else a one-line error."""
+    from . import hardware, paths
+    if gpu not in hardware.profile_names() and not (paths.raw_root() / gpu).is_dir():
+        hardware.load_profile(gpu)  # raises: unknown hardware profile ...; known: ...
+
+
 @app.command()
 def status(gpu: str = typer.Option(None, help="profile to list (default: all)")):
-    """List complete and partial raw runs."""
+    """List complete, partial and corrupt raw runs (exit 1 when any run is corrupt)."""
     from . import rawdata
-    complete, partial = rawdata.scan(gpu)
+    if gpu is not None:
+        _known_profile(gpu)
+    complete, partial, bad = rawdata.scan_all(gpu)
     for folder in complete:
         typer.echo(f"complete  {folder}")
     for folder in partial:
         typer.echo(f"PARTIAL   {folder}")
-    typer.echo(f"{len(complete)} complete, {len(partial)} partial")
+    for folder, why in bad:
+        typer.echo(f"CORRUPT   {folder}: {why}")
+    typer.echo(f"{len(complete)} complete, {len(partial)} partial, {len(bad)} corrupt")
+    if bad:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -84,6 +97,7 @@ def tables_cmd(gpu: str = typer.Option(..., help="hardware profile"),
                study: list[str] = typer.Option(None, help="study stem (repeatable; default: every study with raw runs)")):
     """Normalise GPU's raw runs (both engines) into build/GPU/tables/STUDY/*.parquet; unchanged ones are kept."""
     from . import tables
+    _known_profile(gpu)
     for manifest in tables.write(gpu, study or None, echo=typer.echo):
         typer.echo(f"up to date: {manifest.parent}")
 
@@ -112,26 +126,45 @@ def refresh_notebooks(stems: list[str] = typer.Argument(None, help="notebook ste
     nbrefresh.refresh(stems, echo=typer.echo)
 
 
+def _usage_errors() -> tuple:
+    """Usage-error classes of the click in use: typer >= 0.2x vendors its own (typer._click), older ones use click."""
+    import importlib
+    kinds = []
+    for mod in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            kinds.append(importlib.import_module(mod).UsageError)
+        except (ImportError, AttributeError):
+            pass
+    return tuple(kinds)
+
+
+def _aborts() -> tuple:
+    kinds = [typer.Abort]
+    try:
+        import click
+        kinds.append(click.exceptions.Abort)
+    except ImportError:
+        pass
+    return tuple(kinds)
+
+
 def main(argv=None) -> None:
     """Exit codes: 0 done, 2 bad input (one line on stderr), 130 interrupted (Ctrl-C), else the command's own."""
     try:
         rc = app(args=argv, standalone_mode=False)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+        rc = 130
     except SpecdecError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except typer.Exit as e:
-        sys.exit(e.exit_code)
-    except Exception as e:  # click usage errors
-        import click
-        if isinstance(e, click.exceptions.UsageError):
-            print(f"error: {e.format_message()}", file=sys.stderr)
-            sys.exit(2)
-        if isinstance(e, click.exceptions.Abort):  # click turns Ctrl-C into Abort
-            print("interrupted", file=sys.stderr)
-            sys.exit(130)
-        raise
-    if isinstance(rc, int) and rc != 0:  # without standalone mode click returns an Exit's code (130 on Ctrl-C)
+        rc = e.exit_code
+    except _usage_errors() as e:
+        print(f"error: {' '.join(e.format_message().split())}", file=sys.stderr)
+        sys.exit(2)
+    except _aborts():  # Ctrl-C at a prompt, or EOF
+        rc = 130
+    if rc == 130:
+        print("interrupted", file=sys.stderr)
+    if isinstance(rc, int) and rc != 0:  # without standalone mode typer returns an Exit's code (130 on Ctrl-C)
         sys.exit(rc)

@@ -62,6 +62,11 @@ def load_study(study: str, profile: str | None = None) -> dict:
     if unknown:
         raise SpecdecError(f"config {path.name}: unknown profile(s) {unknown} under 'profiles'; known: "
                            f"{', '.join(profile_names())}")
+    for prof, over in overrides.items():  # values of every profile checked, not only the one measured now
+        if not isinstance(over, dict):
+            raise SpecdecError(f"config {path.name}: profiles.{prof} must be a mapping of overrides")
+        _check_values(over, f"{path.name} profiles.{prof}")
+    _check_values(cfg, path.name)
     if profile and profile in overrides:
         cfg = _merge(cfg, overrides[profile])
     cfg["study"] = study
@@ -89,9 +94,8 @@ def grids(cfg: dict) -> list[dict]:
 DTYPES = ("float32", "bfloat16", "float16", "float64", "auto")  # "auto": vLLM picks (the torch engine needs one)
 
 
-def validate(cfg: dict, name: str = "config") -> None:
-    for grid in grids(cfg):
-        _validate_grid(grid, name)
+def _check_values(cfg: dict, name: str) -> None:
+    """The pair and dtypes of a config or of one profile's overrides: unknown ones are one-line errors."""
     from .models import pair_spec
     if "pair" in cfg:
         try:
@@ -101,6 +105,12 @@ def validate(cfg: dict, name: str = "config") -> None:
     for key in ("dtype", "draft_dtype"):
         if cfg.get(key) is not None and cfg[key] not in DTYPES:
             raise SpecdecError(f"{name}: {key} must be one of {', '.join(DTYPES)}, got {cfg[key]!r}")
+
+
+def validate(cfg: dict, name: str = "config") -> None:
+    for grid in grids(cfg):
+        _validate_grid(grid, name)
+    _check_values(cfg, name)
     gen = cfg.get("generation", {})
     if gen.get("max_new_tokens", 1) < 1:
         raise SpecdecError(f"{name}: generation.max_new_tokens must be >= 1")

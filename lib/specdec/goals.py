@@ -175,10 +175,21 @@ def engines() -> list[dict]:
     return _try("G12", "engine fidelity", "", run)
 
 
+def raw_data() -> list[dict]:
+    """G0: every complete raw run is readable (a corrupt one would be left out of every table and verdict)."""
+    from . import rawdata
+
+    complete, partial, bad = rawdata.scan_all()
+    return [_row("G0", "every complete raw run under data/raw is readable (meta.json keys, parquet tables)",
+                 "0 corrupt runs", f"{len(bad)} corrupt of {len(complete) + len(bad)}", not bad, "data/raw",
+                 "; ".join(f"{f.parent.parent.name}/{f.parent.name}/{f.name}: {why}" for f, why in bad)
+                 + (f" ({len(partial)} partial run(s) set aside from loading)" if partial else ""))]
+
+
 def table() -> pd.DataFrame:
     """Every goal, one row each."""
-    return pd.DataFrame(paper_reference() + cpu_validation() + regime() + ngram_acceptance() + profiles() + bench()
-                        + engines())
+    return pd.DataFrame(raw_data() + paper_reference() + cpu_validation() + regime() + ngram_acceptance()
+                        + profiles() + bench() + engines())
 
 
 def to_markdown(df: pd.DataFrame) -> str:

@@ -5,15 +5,28 @@ import os
 from pathlib import Path
 
 
+def _checkout(start: Path) -> Path | None:
+    """The nearest folder at or above `start` that is a specdec checkout (configs/ and lib/specdec/)."""
+    for folder in (start, *start.parents):
+        if (folder / "configs").is_dir() and (folder / "lib" / "specdec").is_dir():
+            return folder
+    return None
+
+
 def root() -> Path:
+    """The checkout this package was imported from. Run from inside another checkout (a copy made with its
+    .venv, whose editable install still points at the original), it is a one-line error instead of reading
+    and writing the original's data."""
     env = os.environ.get("SPECDEC_ROOT")
     if env:
         return Path(env)
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        if (parent / "configs").is_dir() and (parent / "lib").is_dir():
-            return parent
-    return Path.cwd()
+    mine = _checkout(Path(__file__).resolve().parent)
+    here = _checkout(Path.cwd().resolve())
+    if mine and here and here != mine:
+        from .errors import SpecdecError
+        raise SpecdecError(f"this is the checkout {here}, but specdec is imported from {mine}: recreate the "
+                           f"environment here (rm -rf .venv && make venv) or set SPECDEC_ROOT")
+    return mine or Path.cwd()
 
 
 def configs() -> Path:
