@@ -45,8 +45,8 @@ OUTPUTS = {
     "alternatives": {"figures": ["alternatives-compare", "alternatives-latency"],
                      "tables": ["alternatives-compare", "alternatives-latency", "alternatives-serving"],
                      "files": ["alternatives-notes.json"]},
-    "validation": {"figures": ["validation-predicted-vs-measured", "validation-policy"],
-                   "tables": ["validation-predicted-vs-measured", "validation-policy"],
+    "validation": {"figures": ["validation-predicted-vs-measured", "validation-policy", "validation-paper-measured"],
+                   "tables": ["validation-predicted-vs-measured", "validation-policy", "validation-paper-measured"],
                    "files": ["validation-notes.json"]},
     "bench": {"figures": ["bench-vs-hf"], "tables": ["bench-vs-hf"], "files": ["bench-notes.json"]},
     "claims": {"figures": ["claims-verdicts"], "tables": ["claims"], "files": ["claims.md", "claims-notes.json"]},
@@ -459,6 +459,23 @@ def validation_policy(ax, pol: pd.DataFrame, gpu: str):
                       color="k", size=6, ax=ax, legend=False)
     ax.axhline(1, c="k", lw=0.8, ls="--")
     ax.set(xlabel="batch size", ylabel="speedup over no SD")
+
+
+@plot("the paper's measured speedups (H100, vLLM) vs our prediction and its simulator", size=(WIDTH, 4.0),
+      legend={"ncol": 2})
+def paper_measured(ax, df: pd.DataFrame, gpu: str):
+    """Speedup vs batch size per dataset x proposer: measured by the paper (solid, points), predicted by our
+    model (dashed), the paper's simulator (dotted). The same for every profile: the paper's own setting."""
+    for i, ((ds, prop), g) in enumerate(df.sort_values("batch").groupby(["dataset", "proposer"])):
+        c = f"C{i}"
+        ax.plot(g["batch"], g["measured"], "o-", c=c, label=f"{ds} {prop}: measured")
+        ax.plot(g["batch"], g["predicted"], "--", c=c, label=f"{ds} {prop}: ours")
+        ax.plot(g["batch"], g["simulator"], ":", c=c, label=f"{ds} {prop}: simulator")
+    ax.set_xscale("log", base=2)
+    ax.axhline(1, c="k", lw=0.8, ls="--")
+    ax.set(xlabel="batch size", ylabel="speedup over no SD (k=3)",
+           title=f"paper's measured speedups vs ours / its simulator\nMAPE ours {df['abs_pct_err_predicted'].mean():.1f}%, "
+                 f"simulator {df['abs_pct_err_simulator'].mean():.1f}%")
 
 
 def claims_verdicts(df: pd.DataFrame, gpu: str):
