@@ -107,11 +107,27 @@ def _check_values(cfg: dict, name: str) -> None:
             raise SpecdecError(f"{name}: {key} must be one of {', '.join(DTYPES)}, got {cfg[key]!r}")
 
 
+def _check_trace(spec, name: str) -> None:
+    """generation.acceptance_trace: COLLECTION/DATASET of an imported collection, never a held-out dataset."""
+    from . import traces
+    coll, _, dataset = str(spec).partition("/")
+    if not dataset:
+        raise SpecdecError(f"{name}: generation.acceptance_trace must be COLLECTION/DATASET, got {spec!r}")
+    known = traces.datasets(coll)  # an unknown collection is a one-line error
+    if dataset not in known:
+        raise SpecdecError(f"{name}: collection '{coll}' has no dataset '{dataset}'; known: {', '.join(known)}")
+    if dataset in traces.datasets(coll, held_out=True):
+        raise SpecdecError(f"{name}: '{dataset}' is held out in '{coll}'; replay a build-and-test dataset "
+                           f"({', '.join(traces.datasets(coll, held_out=False))})")
+
+
 def validate(cfg: dict, name: str = "config") -> None:
     for grid in grids(cfg):
         _validate_grid(grid, name)
     _check_values(cfg, name)
     gen = cfg.get("generation", {})
+    if gen.get("acceptance_trace") is not None:
+        _check_trace(gen["acceptance_trace"], name)
     if gen.get("max_new_tokens", 1) < 1:
         raise SpecdecError(f"{name}: generation.max_new_tokens must be >= 1")
     if gen.get("ngram_match", ngram.LEGACY_MATCH) not in ngram.MATCH_RULES:

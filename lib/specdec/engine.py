@@ -40,6 +40,11 @@ class GenConfig:
     ngram_match: str = "earliest"  # earliest (vLLM's rule) | latest: which earlier occurrence n-gram lookup copies
     compact_after: int = 32  # compact a cache once it has this many hole columns
     synthetic_alpha: float | None = None  # force i.i.d. acceptance with this probability (cost studies)
+    # replayed acceptance (cost studies with real traces): acc_len per output position for each request; the
+    # sequence with rid r follows trace r % len, and a step starting at output position i (tokens generated so
+    # far; the prefill gave position 0) accepts min(acc_len[i-1], k+1) - 1 drafted tokens, as the paper's
+    # simulator replays them (traces.steps). Past the end of its trace a sequence wraps around.
+    acceptance_trace: tuple[tuple[int, ...], ...] | None = None
 
     def validate(self) -> "GenConfig":
         if self.k < 0:
@@ -50,6 +55,12 @@ class GenConfig:
             raise SpecdecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.synthetic_alpha is not None and not 0 <= self.synthetic_alpha <= 1:
             raise SpecdecError(f"synthetic_alpha must be in [0, 1], got {self.synthetic_alpha}")
+        if self.acceptance_trace is not None:
+            if self.synthetic_alpha is not None:
+                raise SpecdecError("synthetic_alpha and acceptance_trace exclude each other")
+            if not self.acceptance_trace or not all(
+                    len(t) and all(isinstance(v, int) and v >= 1 for v in t) for t in self.acceptance_trace):
+                raise SpecdecError("acceptance_trace must hold non-empty acc_len lists of integers >= 1")
         if self.ngram_match not in ngram.MATCH_RULES:
             raise SpecdecError(f"unknown ngram_match '{self.ngram_match}' ({', '.join(ngram.MATCH_RULES)})")
         if self.temperature < 0:
@@ -184,7 +195,8 @@ class SpecEngine:
         verify_in = torch.cat([self.last[:, None], drafts], 1)
         plogits = self.tkv.forward(verify_in, torch.ones_like(verify_in, dtype=torch.bool))
         t2 = clock(self.device)
-        n, nxt = verify.verify(plogits, drafts, counts, q, cfg.temperature, self.gen, cfg.synthetic_alpha)
+        n, nxt = verify.verify(plogits, drafts, counts, q, cfg.temperature, self.gen, cfg.synthetic_alpha,
+                               self._forced(k))
         self.tkv.invalidate(start + 1, n, k)
         if self.proposer is not None:
             self.proposer.advance(drafts, n, nxt)
@@ -205,6 +217,18 @@ class SpecEngine:
                "rids": [s.rid for s in self.seqs], "end_s": now}
         self.steps.append(rec)
         return rec
+
+    def _forced(self, k: int) -> torch.Tensor | None:
+        """Draft tokens each sequence accepts this step under a replayed trace (None: verify decides)."""
+        traces = self.cfg.acceptance_trace
+        if traces is None:
+            return None
+        out = []
+        for s in self.seqs:
+            tr = traces[s.rid % len(traces)]
+            pos = max(len(s.generated), 1)  # output position this step starts at (1 after the prefill token)
+            out.append(min(tr[(pos - 1) % len(tr)], k + 1) - 1)
+        return torch.tensor(out, dtype=torch.long, device=self.device)
 
     def all_done(self) -> bool:
         return all(s.done for s in self.seqs)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -10,7 +11,7 @@ import torch
 from tqdm import tqdm
 
 from . import config as cfgmod
-from . import hardware, models, pairing, probe, prompts, rawdata
+from . import hardware, models, pairing, probe, prompts, rawdata, traces
 from .spec import Cell, Study
 from .timing import clock
 from .engine import GenConfig, Sequence, SpecEngine, decode, generate, prefill
@@ -77,8 +78,34 @@ def gen_config(cfg: dict, cell: dict, seed: int | None = None) -> GenConfig:
                      ngram_min=g.ngram_min, ngram_match=g.ngram_match, synthetic_alpha=c.alpha).validate()
 
 
+TRACE_PROPOSER = {"draft": "eagle", "eagle": "eagle", "ngram": "ngram"}  # whose traced acceptance a cell replays
+
+
+def trace_prompts(cfg: dict, vocab_size: int) -> list[dict]:
+    """Prompts of a trace-replayed study (generation.acceptance_trace): one per traced request that has both
+    proposers' traces, random token ids (seeded) of its prompt length (capped at prompts.max_prompt_tokens), with
+    its acc_len per proposer under "acc"."""
+    st = Study.from_dict(cfg)
+    name, _, dataset = st.generation.acceptance_trace.partition("/")
+    per = {p: {r.id: r for r in traces.load(name, dataset, p).requests} for p in traces.PROPOSERS}
+    ids = [i for i in per["eagle"] if i in per["ngram"]]
+    if not ids:
+        raise SpecdecError(f"{st.generation.acceptance_trace}: no request has both eagle and n-gram traces")
+    rng = np.random.default_rng(st.seed)
+    out = []
+    for idx, rid in enumerate(ids):
+        n = max(1, min(per["eagle"][rid].prompt_len, st.prompts.max_prompt_tokens))
+        out.append({"prompt_set": dataset, "prompt_idx": idx, "trace_id": rid,
+                    "ids": rng.integers(3, vocab_size, size=n).tolist(),
+                    "acc": {p: per[p][rid].acc_len for p in traces.PROPOSERS}})
+    return out
+
+
 def tokenized_prompts(cfg: dict, tokenizer) -> list[dict]:
-    spec = Study.from_dict(cfg).prompts
+    st = Study.from_dict(cfg)
+    if st.generation.acceptance_trace:
+        return trace_prompts(cfg, tokenizer.vocab_size)
+    spec = st.prompts
     items = prompts.build(list(spec.sets), spec.per_set)
     limit = spec.max_prompt_tokens
     out = []
@@ -117,6 +144,10 @@ def run_static(cfg, cell, target, draft, plist, tok):
     reqs, steps, batches = [], [], []
     for bi, start in enumerate(range(0, n_req, bs)):
         group = chosen[start:start + bs]
+        if st.generation.acceptance_trace and c.k > 0 and c.proposer in TRACE_PROPOSER:
+            # sequence i of this batch replays the acceptance of the batch's i-th traced request
+            gens["cell"] = replace(gens["cell"], acceptance_trace=tuple(
+                tuple(p["acc"][TRACE_PROPOSER[c.proposer]]) for p in group)).validate()
         prefilled = {arm: prefill(target, draft if g.k else None, [p["ids"] for p in group], g,
                                   tok.eos_token_id, pad) for arm, g in gens.items()}
         if bi == 0:
@@ -147,6 +178,8 @@ def run_static(cfg, cell, target, draft, plist, tok):
 def run_poisson(cfg, cell, target, draft, plist, tok):
     """Continuous batching with Poisson arrivals (rate per second), at most `batch` sequences at once."""
     st = Study.from_dict(cfg)
+    if st.generation.acceptance_trace:
+        raise SpecdecError("generation.acceptance_trace replays static cells only, not poisson ones")
     gen = gen_config(cfg, cell)
     n_req = st.prompts.requests
     rng = np.random.default_rng(st.seed)
@@ -340,6 +373,7 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
         after = probe.read_gbs()
         rawdata.write_run(folder, tables, rawdata.run_meta(study, folder, profile_name, cell, cfg, machine,
                                                            "torch", str(device), started, load0,
-                                                           probe={"before": before, "after": after}))
+                                                           probe={"before": before, "after": after},
+                                                           **models.weights_of(st.pair)))
         ran += 1
     return {"cells": len(todo), "ran": ran, "pending": total - ran}

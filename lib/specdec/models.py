@@ -52,6 +52,19 @@ class TinySource:
 
 
 @dataclass(frozen=True)
+class ShapeSource:
+    """A model with the exact architecture of configs/models/<config>.json and random weights, built where it
+    runs (no download, nothing carried): timings do not depend on weight values. `layers` keeps only the
+    first layers (an EAGLE-sized head: one decoder layer of the target's shape and its lm_head; the fc that
+    feeds EAGLE's layer, 2h x h, is left out: ~4% of the head's weights)."""
+
+    name: str
+    config: str
+    layers: int | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
 class HubSource:
     """A model hub id (needs network; for GPU users)."""
 
@@ -122,6 +135,20 @@ PAIRS: dict[str, PairSpec] = {
         HubSource("eagle-llama3.1-8b", "yuhuili/EAGLE-LLaMA3.1-Instruct-8B"),
         notes="the paper's EAGLE setting; vLLM only", hub_target="meta-llama/Llama-3.1-8B-Instruct",
         hub_draft="yuhuili/EAGLE-LLaMA3.1-Instruct-8B"),
+    # synthetic weights of real shapes (GPU timings without weights; issue 15): acceptance must then be forced
+    # (generation.acceptance_trace), since random weights accept nothing
+    "synthetic:llama3.1-8b/llama3.2-1b": PairSpec(
+        "synthetic:llama3.1-8b/llama3.2-1b", ShapeSource("llama3.1-8b-shape", "llama3.1-8b"),
+        ShapeSource("llama3.2-1b-shape", "llama3.2-1b"),
+        notes="random weights in the exact shapes of Llama-3.1-8B-Instruct and Llama-3.2-1B-Instruct"),
+    "synthetic:llama3.1-8b/eagle": PairSpec(
+        "synthetic:llama3.1-8b/eagle", ShapeSource("llama3.1-8b-shape", "llama3.1-8b"),
+        ShapeSource("eagle-llama3.1-8b-shape", "llama3.1-8b", layers=1),
+        notes="random weights: Llama-3.1-8B-Instruct and an EAGLE-sized head (one decoder layer of its shape)"),
+    "synthetic:tiny": PairSpec(
+        "synthetic:tiny", ShapeSource("llama-tiny-shape", "llama-tiny"),
+        ShapeSource("llama-tiny-head", "llama-tiny", layers=1),
+        notes="the synthetic-weight code path in a tiny Llama shape (CI)"),
 }
 ALIASES = {"qwen2.5-1.5b/0.5b": "qwen2.5-coder-1.5b/0.5b"}
 RETIRED = {"qwen2.5-7b/0.5b": "Qwen2.5-7B (152064-token vocab) and 0.5B (151936) cannot pair in vLLM; "
@@ -287,6 +314,42 @@ def model_dir(src) -> str:
     raise SpecdecError(f"unknown model source {src!r}")
 
 
+def shape_config(src: ShapeSource) -> dict:
+    """The architecture fields of configs/models/<config>.json (with `layers` applied)."""
+    from . import paths
+
+    path = paths.configs() / "models" / f"{src.config}.json"
+    if not path.exists():
+        raise SpecdecError(f"no model shape {path} for '{src.name}'")
+    cfg = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
+    if src.layers is not None:
+        cfg["num_hidden_layers"] = src.layers
+    return cfg
+
+
+def build_shape(src: ShapeSource, dtype=None, device: str = "cpu"):
+    """A randomly initialised model of the source's exact shape, built directly on `device` in `dtype`
+    (default bf16 on CUDA, fp32 elsewhere)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = shape_config(src)
+    dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
+    cfg = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    torch.manual_seed(src.seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
+    return model.eval()
+
+
+def weights_of(pair: str) -> dict:
+    """What a run's meta.json says of its weights: {"weights": "synthetic", "shapes": [...]} or real."""
+    spec = pair_spec(pair)
+    if isinstance(spec.target, ShapeSource):
+        return {"weights": "synthetic", "shapes": [spec.target.name, spec.draft.name]}
+    return {"weights": "real"}
+
+
 def load_model(src, dtype=None, device: str = "cpu"):
     """Load one model of a pair onto `device` (default dtype: fp32 for real models, fp64 for tiny)."""
     import torch
@@ -294,6 +357,8 @@ def load_model(src, dtype=None, device: str = "cpu"):
 
     if isinstance(src, TinySource):
         return build_tiny(src, dtype).to(device)
+    if isinstance(src, ShapeSource):
+        return build_shape(src, dtype, device)
     if isinstance(src, GgufSource):
         path = converted_dir(src)
     elif isinstance(src, HubSource):
@@ -310,6 +375,9 @@ def load_tokenizer(spec: PairSpec):
 
     if isinstance(spec.target, TinySource):
         return ByteTokenizer()
+    if isinstance(spec.target, ShapeSource):
+        from .tokenizer import IdTokenizer
+        return IdTokenizer(shape_config(spec.target)["vocab_size"])
     from transformers import AutoTokenizer
 
     path = converted_dir(spec.target) if isinstance(spec.target, GgufSource) else spec.target.hub_id

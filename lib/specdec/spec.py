@@ -38,7 +38,8 @@ class Prompts:
 @dataclass(frozen=True)
 class Generation:
     """max_new_tokens per request; temperature default (cells set their own); ignore_eos: always generate
-    max_new_tokens; ngram_max/ngram_min: n-gram lookup lengths; ngram_match: earliest | latest (ngram.py)."""
+    max_new_tokens; ngram_max/ngram_min: n-gram lookup lengths; ngram_match: earliest | latest (ngram.py);
+    acceptance_trace: replayed acceptance (below)."""
 
     max_new_tokens: int = 32
     temperature: float = 0.0
@@ -46,6 +47,10 @@ class Generation:
     ngram_max: int = 3
     ngram_min: int = 1
     ngram_match: str = ngram.LEGACY_MATCH  # a config without the key means the rule its runs were measured with
+    # COLLECTION/DATASET under data/traces: acceptance replayed per request from the trace (torch engine; the
+    # draft model's cells follow the EAGLE traces, n-gram cells the n-gram ones), prompts are random token ids
+    # of the traced prompt lengths. Draft and verify passes run in full: timings are real, acceptance the trace's.
+    acceptance_trace: str | None = None
 
 
 @dataclass(frozen=True)

@@ -37,3 +37,22 @@ class HFTokenizer:
 
     def decode(self, ids) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=True)
+
+
+class IdTokenizer:
+    """Synthetic-weight models: no text, token ids only (prompts come from a trace's lengths). No EOS, so
+    generation always runs to max_new_tokens."""
+
+    eos_token_id = None
+    pad_token_id = 0
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        from .errors import SpecdecError
+        raise SpecdecError("a synthetic-weight pair has no tokenizer: set generation.acceptance_trace, whose "
+                           "prompt lengths become random token ids")
+
+    def decode(self, ids) -> str:
+        return " ".join(str(int(i)) for i in ids)

@@ -3,8 +3,8 @@ many draft tokens each sequence keeps and which token follows them.
 
 Greedy (temperature 0): accept while the draft token is the target's argmax. Sampled: lossless rejection
 sampling (accept d with probability min(1, p(d)/q(d)), else resample from norm(max(0, p - q))), so the output
-follows the target's distribution exactly. Synthetic: acceptance drawn i.i.d. with probability alpha (cost
-studies; the text is no longer the target's).
+follows the target's distribution exactly. Synthetic: acceptance drawn i.i.d. with probability alpha, or
+forced per sequence from a replayed trace (cost studies; the text is no longer the target's).
 """
 from __future__ import annotations
 
@@ -25,16 +25,22 @@ def sample(logits: torch.Tensor, temperature: float, gen: torch.Generator) -> to
 
 
 def verify(plogits: torch.Tensor, drafts: torch.Tensor, counts: torch.Tensor, q: torch.Tensor | None,
-           temperature: float, gen: torch.Generator, synthetic_alpha: float | None = None):
+           temperature: float, gen: torch.Generator, synthetic_alpha: float | None = None,
+           forced: torch.Tensor | None = None):
     """Accepted count n (b,) and the next token (b,) per sequence.
 
     plogits: target logits (b, k+1, vocab) at [pending, d1..dk]; drafts: proposed tokens (b, k); counts:
     real proposals per sequence (b,) (n-gram may propose fewer than k; the rest is padding and never
-    accepted); q: draft probabilities (b, k, vocab), or None for deterministic proposals (one-hot)."""
+    accepted); q: draft probabilities (b, k, vocab), or None for deterministic proposals (one-hot);
+    forced: draft tokens to accept per sequence (b,), e.g. from a replayed acceptance trace, capped by the
+    real proposals (the text is then no longer the target's; the next token is the target's argmax there)."""
     b, k = drafts.shape
     dev = drafts.device
     live = torch.arange(k, device=dev)[None, :] < counts[:, None]
     rows = torch.arange(b, device=dev)
+    if forced is not None:
+        n = torch.minimum(forced.to(dev).clamp(min=0), counts)
+        return n, plogits[rows, n].argmax(-1)
     if synthetic_alpha is not None:
         u = torch.rand(b, k, generator=gen, device=dev)
         n = ((u < synthetic_alpha) & live).long().cumprod(1).sum(1)

@@ -469,7 +469,7 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
             meta = rawdata.run_meta(study, folder, profile_name, cell, cfg, machine, "vllm",
                                     hardware.device_for(profile), started, load0, versions,
                                     acceptance=acceptance, timing_notes=TIMING_NOTES,
-                                    probe={"before": before, "after": after},
+                                    probe={"before": before, "after": after}, **models.weights_of(cfg["pair"]),
                                     vllm={"llm_kwargs": kwargs, "base_llm_kwargs": base_kwargs,
                                           "env": engine_env(cfg), "sampling_kwargs": sampling_kwargs(cfg, cell)})
             rawdata.write_run(folder, {"requests": pd.DataFrame(reqs), "batches": pd.DataFrame(batches)}, meta)
