@@ -1,12 +1,15 @@
 """Where things live: the repository root (configs/, data/, figures/), overridable with $SPECDEC_ROOT."""
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
 
+@functools.lru_cache(maxsize=16)
 def _checkout(start: Path) -> Path | None:
-    """The nearest folder at or above `start` that is a specdec checkout (configs/ and lib/specdec/)."""
+    """The nearest folder at or above `start` that is a specdec checkout (configs/ and lib/specdec/); cached,
+    since root() is asked for on every path lookup."""
     for folder in (start, *start.parents):
         if (folder / "configs").is_dir() and (folder / "lib" / "specdec").is_dir():
             return folder

@@ -46,11 +46,12 @@ def is_complete(folder: Path) -> bool:
 META_KEYS = {"run_id": str, "profile": str, "cell": dict, "config": dict}  # what loading a run reads
 
 
-def problem(folder: Path) -> str | None:
+def problem(folder: Path, meta: dict | None = None) -> str | None:
     """Why a run whose meta.json says complete cannot be read (None when it can): meta.json lacking a key
     every run has, or a table file that is not a readable parquet (truncated, overwritten). Such a run is
-    corrupt: reported by status, tables, notebooks and goals, never loaded, never silently dropped."""
-    meta = read_meta(folder)
+    corrupt: reported by status, tables, notebooks and goals, never loaded, never silently dropped.
+    `meta`: the run's read_meta, when the caller has it already."""
+    meta = meta if meta is not None else read_meta(folder)
     if meta is None:
         return "no complete meta.json"
     bad = [k for k, t in META_KEYS.items() if not isinstance(meta.get(k), t)]
@@ -179,14 +180,9 @@ def pending_cells(profile: str, study: str, cells: list[dict], run_id, echo=prin
 
 def scan(profile: str | None = None, study: str | None = None) -> tuple[list[Path], list[Path]]:
     """(sound complete run folders, partial ones) under data/raw, optionally for one profile/study.
-    Corrupt runs (complete but unreadable, see problem) are in neither: corrupt() lists them."""
+    Corrupt runs (complete but unreadable, see problem) are in neither: scan_all() lists them."""
     complete, partial, _ = scan_all(profile, study)
     return complete, partial
-
-
-def corrupt(profile: str | None = None, study: str | None = None) -> list[tuple[Path, str]]:
-    """(folder, why) of every complete-but-unreadable run under data/raw, optionally for one profile/study."""
-    return scan_all(profile, study)[2]
 
 
 def scan_all(profile: str | None = None, study: str | None = None) -> tuple[list[Path], list[Path], list]:
@@ -197,9 +193,10 @@ def scan_all(profile: str | None = None, study: str | None = None) -> tuple[list
     for folder in sorted(base.glob(pattern)):
         if not folder.is_dir():
             continue
-        if not is_complete(folder):
+        meta = read_meta(folder)
+        if meta is None:
             partial.append(folder)
-        elif (why := problem(folder)) is not None:
+        elif (why := problem(folder, meta)) is not None:
             bad.append((folder, why))
         else:
             complete.append(folder)

@@ -292,8 +292,9 @@ def write(gpu: str, studies: list[str] | None = None, echo=print) -> list[Path]:
     manifest paths (none for a profile without raw runs: its views are predicted)."""
     for study in studies or []:
         _check(gpu, study)
-    names = studies or [s for s in cfgmod.study_names() if rawdata.scan(gpu, s)[0]]
-    bad = [b for study in names for b in rawdata.corrupt(gpu, study)]
+    found = {s: rawdata.scan_all(gpu, s) for s in (studies or cfgmod.study_names())}
+    bad = [b for _, _, corrupt in found.values() for b in corrupt]
+    names = [s for s, (complete, _, _) in found.items() if studies or complete]
     if bad:  # refuse: tables (and every verdict built on them) would silently lack these cells
         raise SpecdecError(f"{len(bad)} corrupt raw run(s), first {bad[0][0]}: {bad[0][1]}; move them out of "
                            f"data/raw (e.g. to data/set-aside/) and re-measure (`specdec status` lists them)")

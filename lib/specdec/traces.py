@@ -95,14 +95,19 @@ def _git_commit(folder: Path) -> str:
         return "unknown"
 
 
+def _is_count(v) -> bool:
+    """An acc_len value: an integer >= 1 (not a bool, a fraction or a string)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
 def check_acc(acc, where: str, cap: int | None = None) -> tuple[int, ...]:
     """One request's acc_len list checked: integers (not bools, not fractions, not strings) >= 1 and, when the
     recording's cap is known, <= cap (= k_recorded + 1). Anything else is a one-line error: a value <= 0 would
     make a replay advance by nothing and never end."""
     if not isinstance(acc, (list, tuple)) or not acc:
         raise SpecdecError(f"{where}: acc_len must be a non-empty list of integers >= 1, got {acc!r:.60}")
-    bad = next((v for v in acc if isinstance(v, bool) or not isinstance(v, int) or v < 1), None)
-    if bad is not None or any(isinstance(v, bool) for v in acc):
+    bad = next((v for v in acc if not _is_count(v)), None)
+    if bad is not None:
         raise SpecdecError(f"{where}: acc_len values must be integers >= 1, got {bad!r}")
     if cap is not None and max(acc) > cap:
         raise SpecdecError(f"{where}: acc_len value {max(acc)} exceeds the recording's cap {cap} (k_max + 1)")
@@ -112,12 +117,19 @@ def check_acc(acc, where: str, cap: int | None = None) -> tuple[int, ...]:
 def _read_paper_line(line: str, where: str) -> dict:
     try:
         obj = json.loads(line)
+    except json.JSONDecodeError:
+        obj = None
+    return _paper_row(obj, where)
+
+
+def _paper_row(obj, where: str) -> dict:
+    """One parsed line of the simulator's format as {"id", "prompt_len", "acc": {proposer: acc_len}}."""
+    try:
         acc = {p: obj[f"acc_{p}"]["acc_len"] for p in PROPOSERS if f"acc_{p}" in obj}
-        if not acc or not all(isinstance(v, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in v)
-                              for v in acc.values()):
+        if not acc or not all(isinstance(v, list) and all(map(_is_count, v)) for v in acc.values()):
             raise ValueError
         return {"id": str(obj["id"]), "prompt_len": len(obj["prompt_token_ids"]), "acc": acc}
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError):
         raise SpecdecError(f"{where}: expected the simulator format (id, prompt_token_ids, acc_eagle/acc_ngram "
                            f"with acc_len lists of ints >= 1)") from None
 
@@ -201,7 +213,7 @@ def load(name: str, dataset: str, proposer: str) -> TraceSet:
     path = traces_root() / name / f"{dataset}.jsonl"
     for i, line in enumerate(path.read_text().splitlines(), start=1):
         if line.strip():
-            r = _converted_line(line, f"{name}/{path.name} line {i}")
+            r = _converted_row(_json_line(line, f"{name}/{path.name} line {i}"), f"{name}/{path.name} line {i}")
             if r["acc"].get(proposer):
                 reqs.append(Request(r["id"], r["prompt_len"],
                                     check_acc(r["acc"][proposer], f"{name}/{path.name} line {i}", int(meta["cap"]))))
@@ -238,12 +250,15 @@ def steps(acc_len, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(starts, dtype=int), np.asarray(emitted, dtype=int)
 
 
-def _converted_line(line: str, where: str) -> dict:
-    """One line of a converted trace file: {"id", "prompt_len" (int >= 0), "acc": {proposer: acc_len}}."""
+def _json_line(line: str, where: str):
     try:
-        obj = json.loads(line)
+        return json.loads(line)
     except json.JSONDecodeError:
         raise SpecdecError(f"{where}: not a JSON line") from None
+
+
+def _converted_row(obj, where: str) -> dict:
+    """One parsed line of a converted trace file: {"id", "prompt_len" (int >= 0), "acc": {proposer: acc_len}}."""
     if not isinstance(obj, dict) or not isinstance(obj.get("acc"), dict) or "id" not in obj:
         raise SpecdecError(f"{where}: expected {{\"id\", \"prompt_len\", \"acc\": {{proposer: acc_len}}}}")
     plen = obj.get("prompt_len")
@@ -265,11 +280,8 @@ def _from_file(path: Path, proposer: str) -> TraceSet:
         if not line.strip():
             continue
         where = f"{path.name} line {i}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            raise SpecdecError(f"{where}: not a JSON line") from None
-        r = _converted_line(line, where) if isinstance(obj, dict) and "acc" in obj else _read_paper_line(line, where)
+        obj = _json_line(line, where)
+        r = _converted_row(obj, where) if isinstance(obj, dict) and "acc" in obj else _paper_row(obj, where)
         acc = r["acc"].get(proposer)
         if acc:
             reqs.append(Request(r["id"], r["prompt_len"], check_acc(acc, where, known_cap)))

@@ -336,8 +336,8 @@ def reference(name: str) -> pd.DataFrame:
 
 
 def _trace_predictor(name: str, dataset: str, proposer: str, costs):
-    """(TraceSet, f(batch, k) -> advise's predicted speedup for that trace set, with prefill counted at the
-    traces' mean prompt and output lengths; f.prompt and f.output hold those means [tokens])."""
+    """(TraceSet, mean prompt P and output G of its replayed requests [tokens], f(batch, k) -> advise's
+    predicted speedup for that trace set, prefill counted at P and G)."""
     ts = tr.load(name, dataset, proposer)
     acc = predict.replay_acceptance(ts, predict.K_MAX)
     P = float(np.mean([r.prompt_len for r in replay.sample(ts)]))
@@ -345,8 +345,7 @@ def _trace_predictor(name: str, dataset: str, proposer: str, costs):
 
     def at(batch: int, k: int) -> float:
         return float(predict.predict(costs, acc, batch, k, P + G / 2, proposer, n_boot=0, prefill=(P, G)).speedup)
-    at.prompt, at.output = P, G
-    return ts, at
+    return ts, P, G, at
 
 
 PAPER_PROFILE = "h100"  # where the paper measured (Llama-3.1-8B-Instruct, vLLM 0.10.1, k=3)
@@ -365,7 +364,7 @@ def paper_measured() -> pd.DataFrame:
     sim = reference(name).set_index(["dataset", "proposer", "batch", "k"])["speedup"]
     rows = []
     for (ds, prop), g in meas.groupby(["dataset", "proposer"]):
-        ts, predict_at = _trace_predictor(name, ds, prop, costs)
+        ts, _, _, predict_at = _trace_predictor(name, ds, prop, costs)
         for r in g.itertuples():
             pred = predict_at(int(r.batch), int(r.k))
             rows.append({"dataset": ds, "proposer": prop, "batch": int(r.batch), "k": int(r.k),
@@ -392,8 +391,7 @@ def validate_against_reference(gpu: str, held_out: bool = True) -> pd.DataFrame:
     ref = ref[ref["dataset"].isin(keep)]
     rows = []
     for (ds, prop), g in ref.groupby(["dataset", "proposer"]):
-        ts, predict_at = _trace_predictor(name, ds, prop, costs)
-        P, G = predict_at.prompt, predict_at.output
+        ts, P, G, predict_at = _trace_predictor(name, ds, prop, costs)
         for r in g.itertuples():
             pred = predict_at(int(r.batch), int(r.k))
             rep = replay.speedup(ts, costs, int(r.batch), int(r.k), n_boot=0)["speedup"]
