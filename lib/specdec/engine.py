@@ -30,7 +30,7 @@ class GenConfig:
     """k: proposed tokens per step; temperature 0 means greedy; max_new_tokens per sequence."""
 
     k: int = 4
-    proposer: str = "draft"  # draft | ngram | none
+    proposer: str = "draft"  # draft | eagle (a draft model that is an EAGLE-sized head) | ngram | none
     max_new_tokens: int = 32
     temperature: float = 0.0
     seed: int = 0
@@ -43,14 +43,15 @@ class GenConfig:
     # replayed acceptance (cost studies with real traces): acc_len per output position for each request; the
     # sequence with rid r follows trace r % len, and a step starting at output position i (tokens generated so
     # far; the prefill gave position 0) accepts min(acc_len[i-1], k+1) - 1 drafted tokens, as the paper's
-    # simulator replays them (traces.steps). Past the end of its trace a sequence wraps around.
+    # simulator replays them (traces.steps). Past the end of its trace a sequence wraps around. Every sequence
+    # then counts as proposing k tokens (k+1 are verified anyway): an n-gram miss does not cap the replay.
     acceptance_trace: tuple[tuple[int, ...], ...] | None = None
 
     def validate(self) -> "GenConfig":
         if self.k < 0:
             raise SpecdecError(f"k must be >= 0, got {self.k}")
-        if self.proposer not in ("draft", "ngram", "none"):
-            raise SpecdecError(f"unknown proposer '{self.proposer}' (draft, ngram, none)")
+        if self.proposer not in ("draft", "eagle", "ngram", "none"):
+            raise SpecdecError(f"unknown proposer '{self.proposer}' (draft, eagle, ngram, none)")
         if self.max_new_tokens < 1:
             raise SpecdecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.synthetic_alpha is not None and not 0 <= self.synthetic_alpha <= 1:
@@ -94,8 +95,8 @@ class SpecEngine:
 
     def __init__(self, target, draft=None, cfg: GenConfig | None = None, eos_token_id=None, pad_token_id=0):
         self.cfg = (cfg or GenConfig()).validate()
-        if self.cfg.proposer == "draft" and self.cfg.k > 0 and draft is None:
-            raise SpecdecError("proposer 'draft' needs a draft model")
+        if self.cfg.proposer in ("draft", "eagle") and self.cfg.k > 0 and draft is None:
+            raise SpecdecError(f"proposer '{self.cfg.proposer}' needs a draft model")
         self.target, self.draft = target, draft
         self.device = next(target.parameters()).device
         self.eos = eos_token_id
@@ -104,7 +105,8 @@ class SpecEngine:
         self.tkv = KVState(target)
         self.proposer = None
         if self.cfg.speculative:
-            self.proposer = (DraftProposer(draft, self.cfg.k, self.pad, self.device) if self.cfg.proposer == "draft"
+            self.proposer = (DraftProposer(draft, self.cfg.k, self.pad, self.device)
+                             if self.cfg.proposer in ("draft", "eagle")
                              else NgramProposer(self.cfg.k, self.cfg.ngram_max, self.cfg.ngram_min,
                                                 self.cfg.ngram_match, self.pad, self.device))
         self.seqs: list[Sequence] = []
@@ -190,6 +192,8 @@ class SpecEngine:
             drafts = torch.zeros(b, 0, dtype=torch.long, device=self.device)
             counts, q = torch.zeros(b, dtype=torch.long, device=self.device), None
         k = drafts.shape[1]
+        if cfg.acceptance_trace is not None:  # replay: every sequence proposed k (an n-gram miss is padding)
+            counts = torch.full_like(counts, k)
         t1 = clock(self.device)
         start = self.tkv.slots
         verify_in = torch.cat([self.last[:, None], drafts], 1)

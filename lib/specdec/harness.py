@@ -57,6 +57,23 @@ class ModelCache:
                     raise SpecdecError(f"torch.linear: {linear}: {why}")
                 onednn.apply(model, linear)
         self.variants = {"none": (target, draft)}
+        self.dtype, self.device, self._eagle, self._offload = dtype, device, None, None
+
+    def eagle(self):
+        """The pair's EAGLE-sized head (loaded at first use), in the target's dtype; a one-line error if none."""
+        if self._eagle is None:
+            src = self.pair.spec.eagle
+            if src is None:
+                raise SpecdecError(f"pair '{self.pair.spec.name}' has no EAGLE-sized head (proposer eagle)")
+            self._eagle = models.load_model(src, getattr(torch, self.dtype), self.device)
+        return self._eagle
+
+    def offloaded(self):
+        """A context in which the target streams its decoder layers from host memory (offload.py)."""
+        if self._offload is None:
+            from .offload import LayerOffload
+            self._offload = LayerOffload(self.pair.target)
+        return self._offload.active()
 
     def get(self, quant: str):
         if quant not in self.variants and self.linear != "dense":
@@ -81,16 +98,17 @@ def gen_config(cfg: dict, cell: dict, seed: int | None = None) -> GenConfig:
 TRACE_PROPOSER = {"draft": "eagle", "eagle": "eagle", "ngram": "ngram"}  # whose traced acceptance a cell replays
 
 
-def trace_prompts(cfg: dict, vocab_size: int) -> list[dict]:
-    """Prompts of a trace-replayed study (generation.acceptance_trace): one per traced request that has both
-    proposers' traces, random token ids (seeded) of its prompt length (capped at prompts.max_prompt_tokens), with
-    its acc_len per proposer under "acc"."""
+def trace_prompts(cfg: dict, vocab_size: int, dataset: str | None = None) -> list[dict]:
+    """Prompts of a trace-replayed study (generation.acceptance_trace, or its collection's `dataset`): one per
+    traced request that has both proposers' traces, random token ids (seeded) of its prompt length (capped at
+    prompts.max_prompt_tokens), with its acc_len per proposer under "acc"."""
     st = Study.from_dict(cfg)
-    name, _, dataset = st.generation.acceptance_trace.partition("/")
+    name, _, own = st.generation.acceptance_trace.partition("/")
+    dataset = dataset or own
     per = {p: {r.id: r for r in traces.load(name, dataset, p).requests} for p in traces.PROPOSERS}
     ids = [i for i in per["eagle"] if i in per["ngram"]]
     if not ids:
-        raise SpecdecError(f"{st.generation.acceptance_trace}: no request has both eagle and n-gram traces")
+        raise SpecdecError(f"{name}/{dataset}: no request has both eagle and n-gram traces")
     rng = np.random.default_rng(st.seed)
     out = []
     for idx, rid in enumerate(ids):
@@ -99,6 +117,14 @@ def trace_prompts(cfg: dict, vocab_size: int) -> list[dict]:
                     "ids": rng.integers(3, vocab_size, size=n).tolist(),
                     "acc": {p: per[p][rid].acc_len for p in traces.PROPOSERS}})
     return out
+
+
+def _replayed(st: Study, cell: dict) -> dict:
+    """meta.json's `acceptance_trace` (COLLECTION/DATASET) for a cell that replays one, else nothing."""
+    if not st.generation.acceptance_trace or cell["mode"] in cfgmod.FORWARD_MODES:
+        return {}
+    name, _, own = st.generation.acceptance_trace.partition("/")
+    return {"acceptance_trace": f"{name}/{cell.get('trace') or own}"}
 
 
 def tokenized_prompts(cfg: dict, tokenizer) -> list[dict]:
@@ -215,35 +241,38 @@ def run_poisson(cfg, cell, target, draft, plist, tok):
 
 def fill_cache(kv, ctx: int, gen) -> None:
     """Give every sequence `ctx` cached tokens of random keys/values: the cost of attending to a context
-    does not depend on its content, and this skips a prefill that costs minutes on a CPU."""
+    does not depend on its content, and this skips a prefill that costs minutes on a CPU. The values are drawn
+    where `gen` lives (on a GPU: gigabytes of cache for 8B at batch 128, which a CPU would take minutes to draw)."""
     from .kv import _layers
 
     for layer in _layers(kv.cache):
         shape = (*layer.keys.shape[:2], ctx, layer.keys.shape[3])
-        layer.keys = torch.randn(shape, generator=gen).to(layer.keys)
-        layer.values = torch.randn(shape, generator=gen).to(layer.values)
+        layer.keys = torch.randn(shape, generator=gen, device=gen.device).to(layer.keys)
+        layer.values = torch.randn(shape, generator=gen, device=gen.device).to(layer.values)
     kv.mask = torch.ones(kv.batch, ctx, dtype=torch.bool, device=kv.mask.device)
 
 
-def run_forward(cfg, cell, target, draft, plist, tok):
+def run_forward(cfg, cell, target, draft, plist, tok, names=("target", "draft")):
     """Timed forward passes: `batch` sequences with `context` cached tokens each append k+1 tokens.
 
-    One row per (model, repeat): seconds for that single forward, synchronized, after warm-up."""
+    One row per (model, repeat): seconds for that single forward, synchronized, after warm-up; `names` label
+    target and draft (an offload cell passes no draft and labels its target "target-offload")."""
     from .kv import KVState
 
     device = next(target.parameters()).device
     bs, ctx, q = cell["batch"], cell["context"], cell["k"] + 1
     st = Study.from_dict(cfg)
     gen = torch.Generator().manual_seed(st.seed)
+    fill = gen if device.type == "cpu" else torch.Generator(device=device).manual_seed(st.seed)
     vocab = min(target.config.vocab_size, draft.config.vocab_size if draft is not None else 10**9)
     rows = []
-    for name, model in (("target", target), ("draft", draft)):
+    for name, model in zip(names, (target, draft)):
         if model is None:
             continue
         kv = KVState(model)
         kv.forward(torch.randint(0, vocab, (bs, 1), generator=gen).to(device),
                    torch.ones(bs, 1, dtype=torch.bool, device=device), last_only=True)
-        fill_cache(kv, ctx, gen)
+        fill_cache(kv, ctx, fill)
         toks = torch.randint(0, vocab, (bs, q), generator=gen).to(device)
         valid = torch.ones(bs, q, dtype=torch.bool, device=device)
         warm, reps = st.timing.warmup_forwards, st.timing.repeats
@@ -331,8 +360,10 @@ def run_hf(cfg, cell, target, draft, plist, tok):
 
 
 def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bool = False, echo=print,
-            only: str | None = None) -> dict:
-    """Run every missing cell of a study under a hardware profile. Returns counts of done/skipped cells."""
+            only: str | None = None, budget_s: float | None = None) -> dict:
+    """Run every missing cell of a study under a hardware profile. Returns counts of done/skipped cells.
+    budget_s: start no cell once this many seconds have passed since the call (each cell started finishes)."""
+    t_start = time.monotonic()
     profile = hardware.load_profile(profile_name)
     machine = hardware.describe_machine()
     hardware.check_machine(profile, machine)
@@ -351,18 +382,34 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
     st = Study.from_dict(cfg)
     if st.threads:
         torch.set_num_threads(int(st.threads))
+    if any(c.get("proposer") == "eagle" for c, _, _ in pending) and models.pair_spec(st.pair).eagle is None:
+        raise SpecdecError(f"pair '{st.pair}' has no EAGLE-sized head: its torch engine cannot run proposer eagle")
     device = hardware.device_for(profile)
     mc = ModelCache(st.pair, st.dtype or "float32", device, st.draft_dtype, st.draft_quant, st.torch.linear)
     tok = mc.pair.tokenizer
-    plist = tokenized_prompts(cfg, tok)
+    plists = {}
     ran = 0
     for cell, folder, _ in tqdm(pending, desc=f"{study}/{profile_name}", unit="cell"):
+        if budget_s is not None and time.monotonic() - t_start > budget_s:
+            echo(f"time budget of {budget_s:g} s spent: {len(pending) - ran} cell(s) left for a later run")
+            break
         target, draft = mc.get(cell.get("quant", "none"))
+        if cell.get("proposer") == "eagle" and cell["k"] > 0:
+            draft = mc.eagle()
+        trace = cell.get("trace")
+        if trace not in plists and cell["mode"] not in cfgmod.FORWARD_MODES:  # forward cells need no prompts
+            plists[trace] = (trace_prompts(cfg, tok.vocab_size, trace) if trace else tokenized_prompts(cfg, tok))
+        plist = plists.get(trace)
         started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         load0 = os.getloadavg()
-        before = probe.read_gbs()
+        on_cpu = str(device) == "cpu"  # the probe reads host memory: it says nothing of a GPU's timings
+        before = probe.read_gbs() if on_cpu else None
         if cell["mode"] == "forward":
             tables = {"forwards": pd.DataFrame(run_forward(cfg, cell, target, draft, plist, tok))}
+        elif cell["mode"] == "offload":
+            with mc.offloaded() as streamed:
+                rows = run_forward(cfg, cell, streamed, None, plist, tok, names=("target-offload",))
+            tables = {"forwards": pd.DataFrame(rows)}
         elif cell["mode"] == "hf":
             tables = {"bench": pd.DataFrame(run_hf(cfg, cell, target, draft, plist, tok))}
         else:
@@ -370,10 +417,12 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
             reqs, steps, batches = runner(cfg, cell, target, draft, plist, tok)
             tables = {"requests": pd.DataFrame(reqs), "steps": pd.DataFrame(steps),
                       "batches": pd.DataFrame(batches)}
-        after = probe.read_gbs()
+        after = probe.read_gbs() if on_cpu else None
         rawdata.write_run(folder, tables, rawdata.run_meta(study, folder, profile_name, cell, cfg, machine,
                                                            "torch", str(device), started, load0,
-                                                           probe={"before": before, "after": after},
-                                                           **models.weights_of(st.pair)))
+                                                           **({"probe": {"before": before, "after": after}}
+                                                              if on_cpu else {}),
+                                                           **_replayed(st, cell),
+                                                           **models.weights_of(st.pair, cell.get("proposer"))))
         ran += 1
     return {"cells": len(todo), "ran": ran, "pending": total - ran}

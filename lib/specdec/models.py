@@ -84,6 +84,7 @@ class PairSpec:
     # bytes of fp32 weights one forward pass reads, (target, draft): every tensor but the input embedding
     # (whose rows are gathered, not streamed); from safetensors_read_bytes on the converted folders
     fp32_read_bytes: tuple[int, int] | None = None
+    eagle: object = None  # an EAGLE-sized head for the torch engine's proposer "eagle" (synthetic pairs)
 
 
 QWEN_CODER_15B = GgufSource(
@@ -140,7 +141,9 @@ PAIRS: dict[str, PairSpec] = {
     "synthetic:llama3.1-8b/llama3.2-1b": PairSpec(
         "synthetic:llama3.1-8b/llama3.2-1b", ShapeSource("llama3.1-8b-shape", "llama3.1-8b"),
         ShapeSource("llama3.2-1b-shape", "llama3.2-1b"),
-        notes="random weights in the exact shapes of Llama-3.1-8B-Instruct and Llama-3.2-1B-Instruct"),
+        notes="random weights in the exact shapes of Llama-3.1-8B-Instruct and Llama-3.2-1B-Instruct; proposer "
+              "eagle uses an EAGLE-sized head (one decoder layer of the target's shape)",
+        eagle=ShapeSource("eagle-llama3.1-8b-shape", "llama3.1-8b", layers=1)),
     "synthetic:llama3.1-8b/eagle": PairSpec(
         "synthetic:llama3.1-8b/eagle", ShapeSource("llama3.1-8b-shape", "llama3.1-8b"),
         ShapeSource("eagle-llama3.1-8b-shape", "llama3.1-8b", layers=1),
@@ -148,7 +151,8 @@ PAIRS: dict[str, PairSpec] = {
     "synthetic:tiny": PairSpec(
         "synthetic:tiny", ShapeSource("llama-tiny-shape", "llama-tiny"),
         ShapeSource("llama-tiny-head", "llama-tiny", layers=1),
-        notes="the synthetic-weight code path in a tiny Llama shape (CI)"),
+        notes="the synthetic-weight code path in a tiny Llama shape (CI)",
+        eagle=ShapeSource("llama-tiny-head", "llama-tiny", layers=1)),
 }
 ALIASES = {"qwen2.5-1.5b/0.5b": "qwen2.5-coder-1.5b/0.5b"}
 RETIRED = {"qwen2.5-7b/0.5b": "Qwen2.5-7B (152064-token vocab) and 0.5B (151936) cannot pair in vLLM; "
@@ -342,11 +346,13 @@ def build_shape(src: ShapeSource, dtype=None, device: str = "cpu"):
     return model.eval()
 
 
-def weights_of(pair: str) -> dict:
-    """What a run's meta.json says of its weights: {"weights": "synthetic", "shapes": [...]} or real."""
+def weights_of(pair: str, proposer: str | None = None) -> dict:
+    """What a run's meta.json says of its weights: {"weights": "synthetic", "shapes": [target, proposer's]}
+    (the EAGLE-sized head's shape for proposer eagle) or real."""
     spec = pair_spec(pair)
     if isinstance(spec.target, ShapeSource):
-        return {"weights": "synthetic", "shapes": [spec.target.name, spec.draft.name]}
+        draft = spec.eagle if proposer == "eagle" and spec.eagle is not None else spec.draft
+        return {"weights": "synthetic", "shapes": [spec.target.name, draft.name]}
     return {"weights": "real"}
 
 

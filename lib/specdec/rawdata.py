@@ -90,7 +90,10 @@ def git_state() -> dict:
                                   timeout=10).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
-    return {"commit": git("rev-parse", "HEAD") or "unknown", "dirty": bool(git("status", "--porcelain", "lib"))}
+    commit = git("rev-parse", "HEAD")
+    if not commit and os.environ.get("SPECDEC_COMMIT"):  # a copy of the tree without .git (the device machine)
+        return {"commit": os.environ["SPECDEC_COMMIT"], "dirty": None, "from": "SPECDEC_COMMIT"}
+    return {"commit": commit or "unknown", "dirty": bool(git("status", "--porcelain", "lib"))}
 
 
 def versions() -> dict:

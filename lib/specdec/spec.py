@@ -134,7 +134,8 @@ class Study:
 @dataclass(frozen=True)
 class Cell:
     """One grid point (config.py): batch (sequences), k (proposed tokens), proposer, temperature, alpha
-    (forced acceptance or None), quant, rate (arrivals/s), context (KV tokens), requests, mode."""
+    (forced acceptance or None), quant, rate (arrivals/s), context (KV tokens), requests, mode, trace (dataset
+    of generation.acceptance_trace's collection this cell replays; None: that setting's own)."""
 
     batch: int
     k: int
@@ -146,6 +147,7 @@ class Cell:
     rate: float | None = None
     context: int | None = None
     requests: int | None = None
+    trace: str | None = None
 
     @classmethod
     def from_dict(cls, cell: dict) -> "Cell":
