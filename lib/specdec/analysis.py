@@ -43,9 +43,36 @@ RUN_KEYS = tables.RUN_KEYS
 
 
 # -- loading ---------------------------------------------------------------------------------------------
+TIMED = ("batches", "steps", "requests")  # tables whose rows belong to a timed batch (repeat, batch_idx)
+
+
 def load(study: str, gpu: str, table: str = "requests") -> pd.DataFrame:
-    """One processed table of a study on a profile (tables.load); SpecdecError when missing."""
-    return tables.load(gpu, study, table)
+    """One processed table of a study on a profile (tables.load); SpecdecError when missing. Timed tables
+    leave out each run's first `timing.warmup_batches` timed batches (warm_up)."""
+    df = tables.load(gpu, study, table)
+    return warm_up(df, warmup_batches(gpu, study)) if table in TIMED else df
+
+
+def warmup_batches(gpu: str, study: str) -> int:
+    """timing.warmup_batches of the study's config on this profile (0 where the profile has no yaml)."""
+    from . import config as cfgmod
+    from . import hardware
+    if gpu not in hardware.profile_names():
+        return 0
+    return int(((cfgmod.load_study(study, gpu).get("timing") or {}).get("warmup_batches")) or 0)
+
+
+def warm_up(df: pd.DataFrame, n: int) -> pd.DataFrame:
+    """Rows of all but each run's first `n` timed batches in time order (batch_idx, then repeat; both arms
+    of a paired batch go together): batches that carried one-time device costs (allocator growth, kernel
+    selection for new shapes), kept in data/raw and shown by the raw tables, not counted in any statistic."""
+    if n <= 0 or df.empty or not {"run_id", "batch_idx", "repeat"} <= set(df):
+        return df
+    order = df[["run_id", "batch_idx", "repeat"]].drop_duplicates().sort_values(["run_id", "batch_idx", "repeat"])
+    first = order.groupby("run_id", sort=False).head(n)
+    key = pd.MultiIndex.from_frame(df[["run_id", "batch_idx", "repeat"]])
+    drop = key.isin(pd.MultiIndex.from_frame(first))
+    return df[~drop].reset_index(drop=True)
 
 
 def runs(gpu: str, study: str) -> pd.DataFrame:
@@ -182,6 +209,8 @@ def throughput(gpu: str, study: str = "batch") -> pd.DataFrame:
 
 def _baseline_for(row, base: pd.DataFrame):
     cand = base[(base["batch"] == row["batch"]) & (base["quant"] == row["quant"]) & (base["mode"] == row["mode"])]
+    if "trace" in base:  # a replayed dataset's baseline has its prompts (lengths): never another dataset's
+        cand = cand[(cand["trace"] == row["trace"]) | (cand["trace"].isna() & pd.isna(row["trace"]))]
     for key in ("temperature", "requests"):  # prefer a baseline that also matches these
         if len(cand) > 1:
             same = cand[(cand[key] == row[key]) | (cand[key].isna() & pd.isna(row[key]))]

@@ -395,6 +395,8 @@ def verdicts(gpu: str) -> pd.DataFrame:
     df["profile"] = gpu
     basis = {study: views.mode(gpu, study).kind for study in set(CLAIM_STUDY.values())}
     given = df["basis"] if "basis" in df else pd.Series([None] * len(df))
+    if basis.get("batch") == "measured" and views.synthetic(gpu, "batch"):
+        basis["batch"] = "measured (synthetic weights, replayed acceptance, torch engine)"
     df["basis"] = [g if isinstance(g, str) else basis[CLAIM_STUDY[c]] for c, g in zip(df["claim"], given)]
     df.loc[df["verdict"] == NOT_MEASURABLE, "basis"] = df.loc[df["verdict"] == NOT_MEASURABLE, "basis"].replace(
         "predicted", "none")
@@ -414,6 +416,8 @@ def to_markdown(df: pd.DataFrame) -> str:
     head = (f"# Claims check: profile {prof}\n\nBasis: 'measured' = our raw runs; 'predicted' = no runs on this "
             f"profile, so the number comes from acceptance traces replayed through a cost model (see the reason); "
             f"'measured, vllm' = decided on vLLM's runs, with our torch engine's answer on the same cells beside it; "
+            f"'synthetic weights, replayed acceptance' = real timings of random weights in the real shapes, each step "
+            f"accepting what the paper's traces say; "
             f"a predicted verdict tests the claim against the paper's own published inputs, not against new "
             f"measurements.\nVerdicts are decided on point estimates; tolerances: "
             f"+-{REL_TOL:.0%} for x-fold numbers, +-{ALPHA_TOL} for acceptance, 'as good' = >= {AS_GOOD} x SD, "

@@ -224,6 +224,9 @@ def config_hash(cfg: dict, engine: str = "torch") -> str:
     if engine not in ("torch", "vllm"):
         raise ValueError(f"unknown engine '{engine}'")
     body = {k: v for k, v in cfg.items() if k != "grid" and not (engine == "vllm" and k == "torch")}
+    timing = body.get("timing")
+    if isinstance(timing, dict) and "warmup_batches" in timing:  # what analysis counts, not what is measured
+        body["timing"] = {k: v for k, v in timing.items() if k != "warmup_batches"}
     gen = body.get("generation")
     if isinstance(gen, dict) and gen.get("ngram_match") == ngram.LEGACY_MATCH:
         body["generation"] = {k: v for k, v in gen.items() if k != "ngram_match"}

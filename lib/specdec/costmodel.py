@@ -10,7 +10,8 @@ cost depends on batched tokens (batch*query) and KV tokens (batch*context). Thre
     weights (minimises sum ((y - t)/y)^2, so small forwards count as much as big ones);
   * "prior": a roofline from the profile's spec sheet (configs/hardware/<name>.yaml: peak_tflops,
     mem_bw_tbs) and the pair's sizes (PAIR_SIZES below), for profiles without measurements:
-        t = overhead + max((weight_bytes + kv_bytes) / (eff_mem * bw), flops / (eff_flops * peak)).
+        t = overhead + max((weight_bytes + kv_bytes) / (eff_mem * bw), flops / (eff_flops * peak)),
+    with the target's weight_bytes read at offload_link_tbs instead of bw on an offload profile.
 
   * "published": coefficients given in the profile yaml (configs/hardware/<name>.yaml, key `costs`, one
     entry per pair) with their provenance, e.g. the paper's fitted H100 model for Llama-3.1-8B + EAGLE:
@@ -63,6 +64,9 @@ PAIR_SIZES: dict[str, tuple[ModelSize, ModelSize]] = {
     # 8 KV heads of 128, hidden 8192: 70.6e9.
     "llama3.1-8b/llama3.2-1b": (ModelSize(8.03e9, 32, 8, 128, 4096, "Llama-3.1-8B-Instruct"),
                                 ModelSize(1.24e9, 16, 8, 64, 2048, "Llama-3.2-1B-Instruct")),
+    # synthetic weights of the same shapes (models.ShapeSource): the same sizes
+    "synthetic:llama3.1-8b/llama3.2-1b": (ModelSize(8.03e9, 32, 8, 128, 4096, "Llama-3.1-8B shape"),
+                                          ModelSize(1.24e9, 16, 8, 64, 2048, "Llama-3.2-1B shape")),
     "llama3.1-70b/8b": (ModelSize(70.6e9, 80, 8, 128, 8192, "Llama-3.1-70B-Instruct"),
                         ModelSize(8.03e9, 32, 8, 128, 4096, "Llama-3.1-8B-Instruct")),
     # Llama-3.1-8B: 32 layers, 32 heads / 8 KV heads of 128: 8.03e9. The EAGLE head is one decoder layer
@@ -131,10 +135,12 @@ class RooflineCost:
     eff_mem: float = PRIOR_EFF_MEM[0]
     eff_flops: float = PRIOR_EFF_FLOPS[0]
     overhead_s: float = PRIOR_OVERHEAD_S[0]
+    weight_bw_bytes_s: float | None = None  # offloaded weights: read over the host link at this rate instead
 
     def seconds(self, batch, query, context):
         tokens = batch * query
-        mem = (self.weight_bytes + self.kv_bytes_per_token * batch * context) / (self.eff_mem * self.bw_bytes_s)
+        mem = (self.weight_bytes / (self.eff_mem * (self.weight_bw_bytes_s or self.bw_bytes_s))
+               + self.kv_bytes_per_token * batch * context / (self.eff_mem * self.bw_bytes_s))
         flops = 2 * self.params * tokens + self.attn_flops_per_pair * tokens * context
         return self.overhead_s + np.maximum(mem, flops / (self.eff_flops * self.peak_flops_s))
 
@@ -350,11 +356,12 @@ def prior(profile: str, pair: str, bytes_per_param: float | None = None) -> Cost
         raise SpecdecError(f"profile '{profile}' has no spec sheet (peak_tflops, mem_bw_tbs) for a roofline prior")
     nbytes = bytes_per_param or (2 if prof.get("kind") == "gpu" else 4)
 
-    def roof(m: ModelSize) -> RooflineCost:
+    def roof(m: ModelSize, link=None) -> RooflineCost:
         return RooflineCost(m.params * nbytes, m.kv_elems_per_token * nbytes, m.params, 4 * m.layers * m.q_dim,
-                            bw * 1e12, peak * 1e12)
+                            bw * 1e12, peak * 1e12, weight_bw_bytes_s=link * 1e12 if link else None)
 
-    return CostModel(profile, pair_name(pair), "prior", roof(target), roof(draft))
+    # offload_link_tbs: the target's weights stream over the host link every forward; the draft is resident
+    return CostModel(profile, pair_name(pair), "prior", roof(target, prof.get("offload_link_tbs")), roof(draft))
 
 
 TARGET_KEYS = {"fixed_s", "per_token_s", "per_kv_token_s"}
@@ -414,3 +421,38 @@ def load(profile: str, pair: str) -> CostModel:
         except SpecdecError as e:
             errors.append(str(e))
     raise SpecdecError(f"no costs for {name} on {profile}: {'; '.join(errors)}")
+
+
+# Points at which fitted, published and prior target costs are compared (batch, query, context).
+COMPARE_AT = ((1, 1, 1024), (1, 4, 1024), (8, 4, 1024), (32, 4, 1024), (128, 1, 1024), (128, 4, 1024))
+
+
+def compare_target(profile: str) -> pd.DataFrame:
+    """The target forward cost fitted on `profile`'s hardware study beside every published fit of a target of
+    the same shape (another profile's yaml `costs`, e.g. the paper's H100 fit of Llama-3.1-8B) and beside
+    `profile`'s roofline prior. One row per (source, point): source, profile, pair, fixed_s, per_token_s,
+    per_kv_token_s (the three coefficients both forms share; the fit's d and e terms are in `extra_s`, seconds
+    they add at that point), batch, query, context, seconds, and ratio = seconds / the fitted seconds."""
+    fitted = fit(profile)
+    shape = models.target_shape(fitted.pair)
+    rows = [("fitted", profile, fitted.pair, fitted.target)]
+    for other in hardware.profile_names():
+        for name in (hardware.load_profile(other).get("costs") or {}):
+            if models.target_shape(name) == shape:
+                rows.append(("published", other, name, published(other, name).target))
+    try:
+        rows.append(("prior", profile, fitted.pair, prior(profile, fitted.pair).target))
+    except SpecdecError:
+        pass
+    out = []
+    for source, prof, pair, cost in rows:
+        coef = ({"fixed_s": cost.a, "per_token_s": cost.b, "per_kv_token_s": cost.c}
+                if isinstance(cost, LinearCost) else {"fixed_s": cost.overhead_s, "per_token_s": np.nan,
+                                                       "per_kv_token_s": np.nan})
+        for b, q, c in COMPARE_AT:
+            sec = float(cost.seconds(b, q, c))
+            extra = float(cost.d * (b * q > 1) + cost.e * b * q * c) if isinstance(cost, LinearCost) else np.nan
+            out.append({"source": source, "profile": prof, "pair": pair, **coef, "extra_s": extra, "batch": b,
+                        "query": q, "context": c, "seconds": sec,
+                        "ratio": sec / float(fitted.target.seconds(b, q, c))})
+    return pd.DataFrame(out)

@@ -40,7 +40,7 @@ OUTPUTS = {
                               "acceptance-synthetic", "acceptance-breakeven"], "files": ["acceptance-notes.json"]},
     "hardware": {"figures": ["hardware-forward", "hardware-overhead", "hardware-profiles"],
                  "tables": ["hardware-forward", "hardware-overhead", "hardware-profiles", "hardware-profile-status",
-                            "hardware-costfit-cv", "hardware-bandwidth"],
+                            "hardware-costfit-cv", "hardware-bandwidth", "hardware-costfit"],
                  "files": ["hardware-notes.json"]},
     "alternatives": {"figures": ["alternatives-compare", "alternatives-latency"],
                      "tables": ["alternatives-compare", "alternatives-latency", "alternatives-serving"],
@@ -174,9 +174,11 @@ def _lines_vs_batch(ax, df: pd.DataFrame, y: str, lo: str = "ci_lo", hi: str = "
     """One errorbar line per (engine x) proposer x k of `y` against batch size (log2 axis); where both engines
     measured, the label names the engine and vLLM's points are squares, the torch engine's dotted."""
     df = df if "engine" in df else df.assign(engine="torch")
-    both = df["engine"].nunique() > 1
-    for (eng, _, k), g in df.sort_values("batch").groupby(["engine", "proposer", "k"]):
-        label = _series_label(g.iloc[0]) + (f" [{eng}]" if both else "")
+    trace = df["trace"].astype(object).where(df["trace"].notna(), "") if "trace" in df else ""
+    df = df.assign(trace=trace)  # a replayed dataset: a line each
+    both, traces = df["engine"].nunique() > 1, df["trace"].nunique() > 1
+    for (eng, _, k, trace), g in df.sort_values("batch").groupby(["engine", "proposer", "k", "trace"]):
+        label = _series_label(g.iloc[0]) + (f" [{eng}]" if both else "") + (f", {trace}" if traces else "")
         ls = "--" if dashed_baseline and k == 0 else (":" if both and eng == "torch" else "-")
         ax.errorbar(g["batch"], g[y], yerr=_err(g, y, lo, hi), marker=ENGINE_MARKERS.get(eng, "o"), capsize=3,
                     label=label, ls=ls)

@@ -32,7 +32,10 @@ _NUM = (int, float)
 PROFILE_KEYS = {"name": ((str,), False), "kind": ((str,), True), "match": ((dict,), True),
                 "description": ((str,), False), "peak_tflops": (_NUM + (type(None),), False),
                 "mem_bw_tbs": (_NUM + (type(None),), False), "memory_gib": (_NUM + (type(None),), False),
-                "source": ((str,), False), "costs": ((dict,), False)}
+                "source": ((str,), False), "costs": ((dict,), False),
+                # CPU offloading: the target's weights live in host memory and cross this link (TB/s) in every
+                # forward (costmodel.prior); the draft stays resident
+                "offload_link_tbs": (_NUM + (type(None),), False)}
 MATCH_KEYS = {"cuda": (bool,), "cpu_model": (str,), "cores": (int,), "cpu_flags": (list,), "device_name": (str,)}
 KINDS = ("cpu", "gpu")
 
@@ -59,7 +62,7 @@ def validate_profile(prof, file: str, name: str) -> dict:
                                f" got {prof[key]!r}")
     if prof["kind"] not in KINDS:
         raise SpecdecError(f"hardware profile {file}: kind must be one of {', '.join(KINDS)}, got {prof['kind']!r}")
-    for key in ("peak_tflops", "mem_bw_tbs", "memory_gib"):
+    for key in ("peak_tflops", "mem_bw_tbs", "memory_gib", "offload_link_tbs"):
         if prof.get(key) is not None and not prof[key] > 0:
             raise SpecdecError(f"hardware profile {file}: '{key}' must be > 0, got {prof[key]!r}")
     match = prof["match"]

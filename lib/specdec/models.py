@@ -346,6 +346,12 @@ def build_shape(src: ShapeSource, dtype=None, device: str = "cpu"):
     return model.eval()
 
 
+def target_shape(pair: str) -> str:
+    """The architecture of a pair's target, named so that real and synthetic copies match (e.g. llama3.1-8b)."""
+    src = pair_spec(pair).target
+    return src.config if isinstance(src, ShapeSource) else src.name
+
+
 def weights_of(pair: str, proposer: str | None = None) -> dict:
     """What a run's meta.json says of its weights: {"weights": "synthetic", "shapes": [target, proposer's]}
     (the EAGLE-sized head's shape for proposer eagle) or real."""

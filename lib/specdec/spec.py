@@ -58,13 +58,15 @@ class Timing:
     """warmup_steps: untimed decode steps before timing a cell; repeats: timed passes over the cell's
     requests; min_timed_batches: at least this many timed batches (more repeats if needed); warmup_forwards:
     untimed forwards per hardware cell; paired: every timed batch of an SD cell also runs without
-    speculation, interleaved (pairing.py)."""
+    speculation, interleaved (pairing.py); warmup_batches: each cell's first timed batches that analysis leaves
+    out (one-time device costs; an analysis setting, so left out of the config hash)."""
 
     warmup_steps: int = 2
     repeats: int = 2
     min_timed_batches: int = 1
     warmup_forwards: int = 1
     paired: bool = False
+    warmup_batches: int = 0
 
 
 LINEAR_PATHS = ("dense", "onednn")  # onednn.py

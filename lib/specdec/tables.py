@@ -58,7 +58,10 @@ RUN_KEYS = ["profile", "engine", "pair", "run_id"]
 CELL_KEYS = list(cfgmod.GRID_KEYS)
 UNIT_KEYS = ["repeat", "batch_idx", "rid"]
 _FLOAT_KEYS = ("alpha", "rate", "context", "requests")
-_TEXT_KEYS = ("mode", "proposer", "quant", "profile", "engine", "run_id", "pair")
+_TEXT_KEYS = ("mode", "proposer", "quant", "profile", "engine", "run_id", "pair", "trace")
+# Bumped when the tables' columns change, so tables written by older code are rebuilt rather than read
+# (2: the cell key `trace`, the replayed dataset).
+SCHEMA = 2
 
 _warned: set[str] = set()
 
@@ -121,6 +124,8 @@ def _normalise(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
     for key in _FLOAT_KEYS:
         df[key] = pd.to_numeric(df[key], errors="coerce").astype(float) if key in df else np.nan
+    if "trace" not in df:  # runs from before the cell key: no replayed dataset
+        df["trace"] = None
     for key in _TEXT_KEYS:
         if key in df:
             df[key] = df[key].astype(object).where(df[key].notna(), None)
@@ -309,7 +314,7 @@ def write(gpu: str, studies: list[str] | None = None, echo=print) -> list[Path]:
             written.append(manifest)
             continue
         tabs = build(gpu, study)
-        _replace_folder(out, tabs, {"gpu": gpu, "study": study, "raw_root": sig[0],
+        _replace_folder(out, tabs, {"gpu": gpu, "study": study, "schema": SCHEMA, "raw_root": sig[0],
                                     "runs": [list(r) for r in sig[1]], "tables": sorted(tabs)})
         echo(f"{study}: {', '.join(f'{n} ({len(d)})' for n, d in tabs.items())} -> {out}")
         written.append(manifest)
@@ -339,7 +344,7 @@ def _replace_folder(out: Path, tabs: dict, manifest: dict) -> None:
 def _manifest_matches(manifest: Path, sig: tuple) -> bool:
     try:
         m = json.loads(manifest.read_text())
-        return (m["raw_root"], tuple(tuple(r) for r in m["runs"])) == sig
+        return m.get("schema") == SCHEMA and (m["raw_root"], tuple(tuple(r) for r in m["runs"])) == sig
     except (OSError, json.JSONDecodeError, KeyError, TypeError):
         return False
 

@@ -63,11 +63,22 @@ def inputs(gpu: str) -> tuple[str, costmodel.CostModel]:
     raise SpecdecError(f"nothing to predict on '{gpu}': {'; '.join(errors)}")
 
 
+def synthetic(gpu: str, study: str) -> bool:
+    """True when the study's current runs on `gpu` are of synthetic weights (meta.json `weights`), i.e. their
+    timings are real and their acceptance replayed from traces."""
+    from . import rawdata
+    return any(m.get("weights") == "synthetic" for _, m in rawdata.current_runs(study, gpu, warn=lambda _m: None))
+
+
 def mode(gpu: str, study: str) -> Source:
     """Whether `study` on `gpu` is shown measured, predicted, or not at all (with the reason). Raw runs of a
     profile without a yaml (imported or hand-made runs) count as measured."""
     if measured(gpu, study):
-        return Source("measured", f"data/raw/{gpu}/{study if study not in ('validation', 'claims') else '*'}")
+        where = f"data/raw/{gpu}/{study if study not in ('validation', 'claims') else '*'}"
+        if synthetic(gpu, study if study not in ("validation", "claims") else "batch"):
+            where += (" (synthetic weights of the real shapes: timings real" +
+                      ("" if study == "hardware" else ", acceptance replayed from the paper's traces") + ")")
+        return Source("measured", where)
     if study not in PREDICTABLE:
         return Source("none", f"no measurements in data/raw/{gpu}/{study}, and the {study} study needs them "
                               f"(it cannot be predicted from acceptance traces and forward costs)")

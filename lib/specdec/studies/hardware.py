@@ -9,10 +9,12 @@ def tables(gpu: str):
     ac, ac_note = analysis.safe(analysis.overhead_across_profiles)
     cv, cv_note = analysis.safe(costmodel.cross_validate, gpu)
     bw, bw_note = analysis.safe(fidelity.bandwidth, gpu)
+    cf, cf_note = analysis.safe(costmodel.compare_target, gpu)
     return ({"hardware-forward": views.forward_times(gpu), "hardware-overhead": views.forward_ratio(gpu),
              "hardware-profiles": ac, "hardware-profile-status": analysis.profile_status(),
-             "hardware-costfit-cv": cv, "hardware-bandwidth": bw},
-            {"hardware-profiles": ac_note, "hardware-costfit-cv": cv_note, "hardware-bandwidth": bw_note})
+             "hardware-costfit-cv": cv, "hardware-bandwidth": bw, "hardware-costfit": cf},
+            {"hardware-profiles": ac_note, "hardware-costfit-cv": cv_note, "hardware-bandwidth": bw_note,
+             "hardware-costfit": cf_note})
 
 
 def figures(out):
