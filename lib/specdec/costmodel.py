@@ -239,6 +239,7 @@ class CostModel:
     overhead_s: float = 0.0  # extra seconds per decoding step, with or without SD (sampling, bookkeeping)
     ngram_fraction: float = 0.0  # n-gram proposal time as a fraction of the verify forward
     provenance: str = ""  # where published coefficients come from
+    prefill_scale: float = 1.0  # a prefill costs this times a forward of its tokens (end-to-end calibration)
 
     def forward_s(self, model: str, batch, query, context):
         """Seconds for one forward of "target" or "draft"."""

@@ -139,7 +139,7 @@ def speedup_with_prefill(costs: CostModel, acc, batch, k: int, context, proposer
     (prefill + G * t_base) / (prefill + G / E[tokens/step] * t_sd), G = output_tokens - 1 decode tokens."""
     if k == 0:
         return 1.0
-    pre = costs.forward_s("target", batch, prompt_tokens, 0)
+    pre = costs.prefill_scale * costs.forward_s("target", batch, prompt_tokens, 0)
     g = max(output_tokens - 1, 0)
     base = pre + g * costs.step_s(batch, 0, context)
     sd = pre + g / acc.expected_tokens(k, extrapolate) * sd_step_s(costs, acc, batch, k, context, proposer)
@@ -155,7 +155,7 @@ def request_speedup(costs: CostModel, acc, batch: int, k: int, proposer: str, pr
         return 1.0
     P, G = acc.prompt_len, acc.gen_len
     ctx = P + G / 2
-    pre = costs.forward_s("target", batch, P, 0) if prefill else 0.0
+    pre = costs.prefill_scale * costs.forward_s("target", batch, P, 0) if prefill else 0.0
     base = pre + (G - 1) * costs.step_s(batch, 0, ctx)
     full = costs.step_s(batch, k, ctx, proposer)
     if proposer == "ngram":

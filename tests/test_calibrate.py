@@ -1,0 +1,65 @@
+"""End-to-end calibration of the published H100 fit on measured speedups (issue 12 item 2)."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from specdec import calibrate, costmodel, views
+from specdec import traces as tr
+
+NAME = "llama3.1-8b-h100"
+
+
+@pytest.fixture(scope="module")
+def costs():
+    return costmodel.load("h100", tr.source(NAME)["pair"])
+
+
+def _grid(datasets=("cnn", "sharegpt")):
+    return pd.DataFrame([{"dataset": d, "proposer": p, "batch": b, "k": 3, "speedup": 1.0}
+                         for d in datasets for p in ("eagle", "ngram") for b in (1, 16, 64, 128)])
+
+
+def test_apply_scales_exactly_its_terms(costs):
+    c = calibrate.apply(costs, {"verify": 0.5, "draft": 2.0, "overhead": 3.0, "prefill": 4.0})
+    assert c.target.b == costs.target.b * 0.5 and c.target.c == costs.target.c and c.target.a == costs.target.a
+    assert c.draft.fixed_s == costs.draft.fixed_s * 2 and c.overhead_s == costs.overhead_s * 3
+    assert c.prefill_scale == 4.0 and c.ngram_fraction == costs.ngram_fraction
+    same = calibrate.apply(costs, {})
+    cell = calibrate.cells(NAME, _grid())[0]
+    assert cell.predict(same) == cell.predict(costs)
+
+
+def test_a_planted_correction_is_found_and_predicts_series_it_never_saw(costs):
+    truth = calibrate.apply(costs, {"verify": 0.6})
+    cells = calibrate.cells(NAME, _grid())
+    planted = [calibrate.Cell(**{**c.__dict__, "measured": c.predict(truth)}) for c in cells]
+    cal = calibrate.calibrate(costs, planted)
+    assert "verify" in cal.terms and cal.theta["verify"] == pytest.approx(0.6, rel=0.02)
+    chosen = cal.candidates[cal.candidates["chosen"]].iloc[0]
+    assert chosen["cv_mape"] < 0.5 < cal.candidates.loc[cal.candidates["terms"] == "(none)", "cv_mape"].iloc[0]
+    assert len(cal.cv_predictions) == len(planted)
+
+
+def test_no_term_is_kept_when_none_generalises(costs):
+    cells = calibrate.cells(NAME, _grid())
+    rng = np.random.default_rng(0)  # independent 5% errors: nothing shared across series to learn
+    noisy = [calibrate.Cell(**{**c.__dict__, "measured": c.predict(costs) * (1 + 0.05 * rng.standard_normal())})
+             for c in cells]
+    cal = calibrate.calibrate(costs, noisy)
+    assert cal.terms == () and cal.theta == {}
+
+
+def test_held_out_datasets_never_enter_the_calibration():
+    cells = calibrate.cells(NAME, _grid(("cnn", "gsm8k", "instructcoder", "sharegpt")))
+    assert {c.dataset for c in cells} == {"cnn", "sharegpt"}
+    assert {c.dataset for c in calibrate.cells(NAME, _grid(("cnn", "gsm8k")), held_out=True)} == {"gsm8k"}
+
+
+def test_the_paper_table_carries_the_calibrated_column():
+    df = views.paper_measured()
+    assert {"calibrated_cv", "abs_pct_err_calibrated_cv"} <= set(df.columns)
+    assert np.isfinite(df["calibrated_cv"]).all() and set(df["dataset"]) == {"cnn", "sharegpt"}
+    cand = views.calibration_candidates()
+    assert cand["chosen"].sum() == 1 and (cand["cv_mape"] >= 0).all()
