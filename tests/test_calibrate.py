@@ -63,3 +63,27 @@ def test_the_paper_table_carries_the_calibrated_column():
     assert np.isfinite(df["calibrated_cv"]).all() and set(df["dataset"]) == {"cnn", "sharegpt"}
     cand = views.calibration_candidates()
     assert cand["chosen"].sum() == 1 and (cand["cv_mape"] >= 0).all()
+
+
+def test_costs_fitted_end_to_end_on_calibration_cells_and_validated_on_the_rest():
+    """Issue 12 item 2, CPU: the cost model from the batch study's own steps (no-SD batches + named calibration
+    cells); those cells never count as validation cells; the config hash ignores the list."""
+    from specdec import config, predict, tables
+    cal = predict._calibration("cpu")
+    assert cal and predict._calibration("h100") == ()
+    costs = costmodel.fit_steps("cpu", cal)
+    assert costs.source == "steps" and "calibration cell" in costs.describe()
+    # the fitted 1-token step at bs 1 is the measured no-SD step there (seconds per step of the base arms)
+    b = tables.load("cpu", "batch", "batches")
+    b = b[(b["engine"] == "torch") & (b["arm"] == "base") & (b["size"] == 1)]
+    measured = float((b["decode_s"] / b["steps"]).median())
+    pts = costs.fits["target"].points
+    at1 = pts[(pts["batch"] == 1) & (pts["query"] == 1)]
+    assert float(np.median(at1["fitted_s"])) == pytest.approx(measured, rel=0.15)
+    val = predict.validate("cpu")
+    assert not any(costmodel._matches(r, cal) for r in val["run_id"]) and len(val) >= 5
+    assert np.isfinite(val.attrs["mape"]) and val.attrs["cost_source"].startswith("FITTED END TO END")
+    cfg = config.load_study("batch", "cpu")
+    assert config.config_hash(cfg) == config.config_hash({k: v for k, v in cfg.items() if k != "calibration"})
+    with pytest.raises(Exception, match="no draft-model calibration cell"):
+        costmodel.fit_steps("cpu", ["no-such-cell-*"])

@@ -300,3 +300,34 @@ def test_policy_compare_on_fixture():
     assert fixed["measured"].notna().all()  # k=4 was measured at every fixture batch size
     adaptive = df[df["policy"] == "adaptive"].set_index("batch")["predicted"]
     assert (adaptive.values >= fixed.set_index("batch")["predicted"].values - 1e-12).all()
+
+
+def test_advise_says_how_sure_it_is():
+    """Issue 12 item 4: the cost source's kind, its validation error where one exists, the nearest measured cell."""
+    from specdec import predict as P
+    cpu = P.advise("qwen2.5-coder-1.5b/0.5b", "cpu", 4, k=3, n_boot=0).certainty
+    assert cpu.startswith("cost source: end to end on this profile's batch-study steps") and "held-out" in cpu
+    assert "nearest measured cell(s): bs4 k=3 draft torch" in cpu and "bs4 k=3 draft vllm" in cpu
+    h100 = P.advise("llama3.1-8b/eagle", "h100", 16, proposer="eagle", traces="llama3.1-8b-h100/cnn",
+                    n_boot=0)
+    assert "published coefficients" in h100.certainty and "paper's measured speedups" in h100.certainty
+    assert "no measured cell on h100" in h100.certainty
+    assert any(line.startswith("how sure: ") for line in h100.lines())
+    l4 = P.advise("llama3.1-8b/eagle", "l4", 16, proposer="eagle", traces="llama3.1-8b-h100/cnn", n_boot=0)
+    assert "roofline prior" in l4.certainty and "not validated" in l4.certainty
+
+
+def test_the_decision_map_inverts_acceptance_and_places_measured_cells():
+    """Issue 12 item 5: predicted speedup over batch x alpha, break-even, measured cells at their implied alpha."""
+    from specdec import analysis, views
+    for a, k in ((0.0, 3), (0.5, 3), (0.8, 1), (0.9, 6)):
+        assert views._iid_alpha(analysis.iid_tokens_per_step(a, k), k) == pytest.approx(a, abs=1e-6)
+    assert np.isnan(views._iid_alpha(5.0, 3))  # more than k+1 tokens per step: no alpha
+    grid, pts, note = views.decision_map("fixture")
+    assert len(grid) == len(views.MAP_BATCHES) * len(views.MAP_ALPHAS) and np.isfinite(grid["speedup"]).all()
+    assert (grid["best_k"].between(1, 8)).all()
+    # more acceptance never predicts less speedup at the same batch size
+    for _, g in grid.groupby("batch"):
+        assert np.all(np.diff(g.sort_values("alpha")["speedup"].to_numpy()) >= -1e-9)
+    assert len(pts) and set(pts["engine"]) == {"torch", "vllm"} and pts["alpha"].between(0, 1).all()
+    assert "FITTED" in note

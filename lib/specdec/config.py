@@ -159,7 +159,7 @@ def _validate_grid(grid: dict, name: str) -> None:
     if any((not isinstance(k, int)) or k < 0 for k in grid["k"]):
         raise SpecdecError(f"{name}: k must be integers >= 0, got {grid['k']}")
     for p in grid.get("proposer", []):
-        if p not in ("draft", "ngram", "none", "eagle", "eagle3"):  # eagle*: vLLM engine only
+        if p not in ("draft", "ngram", "none", "eagle", "eagle3"):  # eagle: torch engine on pairs with an EAGLE-sized head, else vLLM
             raise SpecdecError(f"{name}: unknown proposer '{p}'")
     for a in grid.get("alpha", []):
         if a is not None and not 0 <= a <= 1:
@@ -215,7 +215,8 @@ def cell_id(cell: dict) -> str:
 
 
 def config_hash(cfg: dict, engine: str = "torch") -> str:
-    """sha256 of the config minus the grid (so growing a grid keeps finished cells valid), and minus
+    """sha256 of the config minus the grid (so growing a grid keeps finished cells valid), minus `calibration`
+    and timing.warmup_batches (what analysis does with the runs, not how they were measured), and minus
     generation.ngram_match when it is the legacy "latest" (runs from before the key keep their hash).
 
     Engine-scoped sections: `torch` (torch-engine settings, e.g. the Linear path) is left out of vLLM runs'
@@ -223,7 +224,7 @@ def config_hash(cfg: dict, engine: str = "torch") -> str:
     as every run's hash did before the `torch` section existed: without a `torch` section, hashes are unchanged."""
     if engine not in ("torch", "vllm"):
         raise ValueError(f"unknown engine '{engine}'")
-    body = {k: v for k, v in cfg.items() if k != "grid" and not (engine == "vllm" and k == "torch")}
+    body = {k: v for k, v in cfg.items() if k not in ("grid", "calibration") and not (engine == "vllm" and k == "torch")}
     timing = body.get("timing")
     if isinstance(timing, dict) and "warmup_batches" in timing:  # what analysis counts, not what is measured
         body["timing"] = {k: v for k, v in timing.items() if k != "warmup_batches"}

@@ -287,6 +287,10 @@ class CostModel:
     def describe(self) -> str:
         if self.source == "published":
             return f"PUBLISHED coefficients ({self.provenance or 'no provenance given'}), not fitted here"
+        if self.source == "steps":
+            res = self.residuals()
+            return (f"FITTED END TO END on {self.provenance} (rel. rmse target {res['target']['rel_rmse']:.1%} over "
+                    f"{res['target']['n']} points, draft {res['draft']['rel_rmse']:.1%})")
         if self.source == "prior":
             t = self.target
             return (f"PRIOR (roofline from the {self.profile} spec sheet, eff_mem {t.eff_mem:g}, "
@@ -300,9 +304,9 @@ class CostModel:
     def resample(self, rng: np.random.Generator) -> "CostModel":
         """One bootstrap replicate: refit on fitted values times resampled (1 + relative residuals), or
         for the prior, efficiencies and overhead drawn from their ranges (shared by target and draft)."""
-        if self.source == "published":
+        if self.source.startswith("published") or not (self.fits or isinstance(self.target, RooflineCost)):
             return self
-        if self.source == "fitted":
+        if self.source in ("fitted", "steps"):
             if not self.fits:  # coefficients given, not fitted here: nothing to resample
                 return self
             new = {}
@@ -346,6 +350,50 @@ def fit(profile: str, pair: str | None = None, forwards: pd.DataFrame | None = N
             raise SpecdecError(f"no '{name}' forward measurements in data/raw/{profile}/hardware")
         fits[name] = fit_linear(rows)
     return CostModel(profile, pair or "unknown", "fitted", fits["target"].cost, fits["draft"].cost, fits)
+
+
+def _matches(run_id: str, patterns) -> bool:
+    import fnmatch
+    return any(fnmatch.fnmatch(run_id, p) for p in patterns)
+
+
+def fit_steps(profile: str, calibration, pair: str | None = None, engine: str = "torch") -> CostModel:
+    """Costs fitted on the batch study's own decoding steps (end to end, as the paper's simulator fits profiled
+    step times) instead of forward microbenchmarks: the target from every no-SD batch (its k=0 cells, or the
+    interleaved no-SD arm of paired cells: seconds per step, 1 token) and from the verify + bookkeeping seconds
+    of the SD cells named in `calibration` (run-id shell patterns; k+1 tokens); the draft model from those
+    cells' draft seconds per proposed token; the n-gram lookup's share of the verify forward likewise. Context:
+    the cell's padded prompt width plus half its output. Cells not named stay out of the fit (held out)."""
+    from . import predict
+    b = tables.load(profile, "batch", "batches")
+    st = tables.load(profile, "batch", "steps")
+    rq = tables.load(profile, "batch", "requests")
+    b, st, rq = (x[x["engine"] == engine] for x in (b, st, rq))
+    pair = pair_name(pair) if pair else str(b["pair"].iloc[0])
+    b, st, rq = (x[x["pair"] == pair] for x in (b, st, rq))
+    # KV columns per sequence of each timed batch: its padded prompt width plus half its output
+    ctx = {key: float(g["prompt_tokens"].max() + g["new_tokens"].mean() / 2)
+           for key, g in rq.groupby(["run_id", "repeat", "batch_idx"])}
+    base = b[(b["arm"] == "base") | (b["k"] == 0)]
+    tgt = [{"batch": r.size, "query": 1, "context": ctx.get((r.run_id, r.repeat, r.batch_idx), np.nan),
+            "seconds": r.decode_s / r.steps} for r in base.itertuples() if r.steps > 0]
+    cal = st[(st["k"] > 0) & st["run_id"].map(lambda r: _matches(r, calibration))]
+    draft, ngram = [], []
+    for (rid, rep, bi, k, prop, bs), g in cal.groupby(["run_id", "repeat", "batch_idx", "k", "proposer", "batch"]):
+        c = ctx.get((rid, rep, bi), np.nan)
+        tgt.append({"batch": bs, "query": k + 1, "context": c, "seconds": float((g["verify_s"] + g["other_s"]).median())})
+        if prop == "draft":
+            draft.append({"batch": bs, "query": 1, "context": c, "seconds": float(g["draft_s"].median()) / k})
+        elif prop == "ngram":
+            ngram.append(float((g["draft_s"] / g["verify_s"]).median()))
+    tgt = pd.DataFrame(tgt).dropna()
+    if not draft:
+        raise SpecdecError(f"no draft-model calibration cell among {list(calibration)} on {profile}")
+    ft, fd = fit_linear(tgt), fit_linear(pd.DataFrame(draft).dropna())
+    return CostModel(profile, pair, "steps", ft.cost, fd.cost, {"target": ft, "draft": fd},
+                     ngram_fraction=float(np.median(ngram)) if ngram else 0.0,
+                     provenance=f"batch-study steps of data/raw/{profile}/batch: no-SD batches + "
+                                f"{cal['run_id'].nunique()} calibration cell(s) ({', '.join(calibration)})")
 
 
 def prior(profile: str, pair: str, bytes_per_param: float | None = None) -> CostModel:
@@ -411,11 +459,19 @@ def published(profile: str, pair: str) -> CostModel:
 
 
 def load(profile: str, pair: str) -> CostModel:
-    """The best cost source for this pair on this profile: fitted on data/raw/<profile>/hardware, else
+    """The best cost source for this pair on this profile: fitted end to end on the batch study's steps where its
+    config names calibration cells (fit_steps), else fitted on data/raw/<profile>/hardware, else
     coefficients published in the profile yaml, else the roofline prior, else a one-line error."""
     hardware.load_profile(profile)
     name = pair_name(pair)
     errors = []
+    try:  # end to end on the batch study's steps, where its config names calibration cells
+        from . import config as cfgmod
+        cal = cfgmod.load_study("batch", profile).get("calibration") if profile in hardware.profile_names() else None
+        if cal and tables.has_runs(profile, "batch"):
+            return fit_steps(profile, cal, name)
+    except SpecdecError as e:
+        errors.append(str(e))
     for source in (fit, published, prior):
         try:
             return source(profile, name)

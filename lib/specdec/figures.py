@@ -45,9 +45,10 @@ OUTPUTS = {
     "alternatives": {"figures": ["alternatives-compare", "alternatives-latency"],
                      "tables": ["alternatives-compare", "alternatives-latency", "alternatives-serving"],
                      "files": ["alternatives-notes.json"]},
-    "validation": {"figures": ["validation-predicted-vs-measured", "validation-policy", "validation-paper-measured"],
+    "validation": {"figures": ["validation-predicted-vs-measured", "validation-policy", "validation-paper-measured",
+                               "validation-decision-map"],
                    "tables": ["validation-predicted-vs-measured", "validation-policy", "validation-paper-measured",
-                              "validation-calibration"],
+                              "validation-calibration", "validation-decision-map", "validation-decision-points"],
                    "files": ["validation-notes.json"]},
     "bench": {"figures": ["bench-vs-hf"], "tables": ["bench-vs-hf"], "files": ["bench-notes.json"]},
     "claims": {"figures": ["claims-verdicts"], "tables": ["claims"], "files": ["claims.md", "claims-notes.json"]},
@@ -479,6 +480,43 @@ def paper_measured(ax, df: pd.DataFrame, gpu: str):
     ax.set(xlabel="batch size", ylabel="speedup over no SD (k=3)",
            title=f"paper's measured speedups vs ours / its simulator\nMAPE ours {df['abs_pct_err_predicted'].mean():.1f}%, "
                  f"simulator {df['abs_pct_err_simulator'].mean():.1f}%")
+
+
+def decision_map(grid: pd.DataFrame, pts: pd.DataFrame, gpu: str, note: str = ""):
+    """Predicted best SD speedup over batch size (log2) x i.i.d. acceptance alpha, the break-even contour
+    (speedup 1), and the measured draft-model / EAGLE cells on top, coloured on the same scale (circles: torch
+    engine, squares: vLLM; triangles: EAGLE head). A point whose colour differs from the map under it is a
+    cell where model and measurement disagree."""
+    title = f"decision map: where SD pays ({gpu})"
+    if grid.empty:
+        return placeholder(title, note)
+    from matplotlib.colors import TwoSlopeNorm
+    fig, ax = plt.subplots(figsize=(WIDTH, 4.4))
+    piv = grid.pivot(index="alpha", columns="batch", values="speedup")
+    x, y = np.log2(piv.columns.to_numpy(float)), piv.index.to_numpy(float)
+    vals = [piv.to_numpy(float)] + ([pts["speedup"].to_numpy(float)] if len(pts) else [])
+    lo, hi = (float(np.nanmin(np.concatenate([v.ravel() for v in vals]))),
+              float(np.nanmax(np.concatenate([v.ravel() for v in vals]))))
+    norm = TwoSlopeNorm(vcenter=1.0, vmin=min(lo, 0.95), vmax=max(hi, 1.05))
+    mesh = ax.pcolormesh(x, y, piv.to_numpy(float), cmap="RdBu", norm=norm, shading="nearest")
+    cs = ax.contour(x, y, piv.to_numpy(float), levels=[1.0], colors="k", linewidths=1.2)
+    ax.clabel(cs, fmt="break-even", fontsize=6)
+    fig.colorbar(mesh, ax=ax, label="speedup (best k in 1..8)")
+    for (eng, prop), g in (pts.groupby(["engine", "proposer"]) if len(pts) else []):
+        marker = "^" if prop.startswith("eagle") else ENGINE_MARKERS.get(eng, "o")
+        jitter = {"torch": -0.08, "vllm": 0.08}.get(eng, 0.0) + (0.16 if prop.startswith("eagle") else 0.0)
+        ax.scatter(np.log2(g["batch"].to_numpy(float)) + jitter, g["alpha"], c=g["speedup"], cmap="RdBu",
+                   norm=norm, marker=marker, s=46, edgecolors="k", linewidths=0.8, label=f"measured: {prop}, {eng}")
+    ax.set_xticks(x)
+    ax.set_xticklabels([str(int(b)) for b in piv.columns])
+    ax.set(xlabel="batch size (sequences)", ylabel="i.i.d. acceptance alpha (measured cells: from tokens/step)",
+           title=title)
+    if len(pts):
+        ax.legend(fontsize=6, loc="lower left")
+    if note:
+        ax.text(0.0, -0.2, note[:220], transform=ax.transAxes, fontsize=5, va="top")
+    fig.tight_layout()
+    return fig
 
 
 def claims_verdicts(df: pd.DataFrame, gpu: str):

@@ -229,6 +229,7 @@ class Advice:
     proposer: str = "draft"
     prefill: tuple | None = None
     ranges: list | None = None
+    certainty: str = ""  # how sure: cost source, its validation error, the nearest measured cell
 
     def lines(self) -> list[str]:
         """A few human-readable lines (what `python -m specdec advise` prints)."""
@@ -265,6 +266,7 @@ class Advice:
             pred,
             even,
             f"costs: {self.costs.describe()}",
+            *([f"how sure: {self.certainty}"] if self.certainty else []),
             f"acceptance: {self.acc.describe()}",
             spec,
             "best k per batch-size range [first, last, k]: " + json.dumps(self.ranges),
@@ -351,7 +353,63 @@ def advise(pair: str, profile: str, batch: int, k: int | None = None, traces: st
                   float(break_even_tokens(costs, batch, max(k_eval, 1), context, proposer)),
                   break_even_alpha(costs, batch, max(k_eval, 1), context, proposer),
                   best_break_even_alpha(costs, batch, context, proposer), costs, acc,
-                  vllm_speculative_config(name, proposer, k_eval) if enable else None, proposer, pre, ranges)
+                  vllm_speculative_config(name, proposer, k_eval) if enable else None, proposer, pre, ranges,
+                  _quietly(certainty, profile, costs, proposer, batch, k_eval, pred.speedup))
+
+
+def _quietly(fn, *args):
+    with tables.quiet():
+        return fn(*args)
+
+
+SOURCE_KIND = {"steps": "end to end on this profile's batch-study steps (calibration cells of configs/batch.yaml)",
+               "fitted": "forward microbenchmarks (fitted on data/raw/{p}/hardware)",
+               "published": "published coefficients (configs/hardware/{p}.yaml)",
+               "prior": "roofline prior from the spec sheet (no measurement)"}
+
+
+def certainty(profile: str, costs: CostModel, proposer: str, batch: int, k: int, predicted: float) -> str:
+    """One line: the cost source's kind, the validation error of that source where one exists (our measured
+    batch cells on this profile, or the paper's measured speedups for the published H100 fit), and the
+    nearest measured cell of this profile (same proposer where there is one) beside this prediction."""
+    from . import analysis, tables
+    base = costs.source.split("+")[0]
+    parts = ["cost source: " + SOURCE_KIND.get(base, base).format(p=profile)
+             + (", calibrated end to end" if costs.source.endswith("+calibrated") else "")]
+    measured = tables.has_runs(profile, "batch")
+    try:
+        if measured and base in ("fitted", "steps"):
+            v = validate(profile)
+            parts.append(f"its error on this profile's {'held-out ' if base == 'steps' else ''}measured cells: "
+                         f"MAPE {v.attrs['mape']:.0f}% over {int(v['predicted'].notna().sum())} cells")
+        elif base == "published" and profile == "h100":
+            from . import views
+            parts.append(f"its error on the paper's measured speedups (cnn, sharegpt): MAPE "
+                         f"{views.paper_measured().attrs['mape_predicted']:.1f}%")
+        else:
+            parts.append("not validated against measurements on this profile")
+    except SpecdecError as e:
+        parts.append(f"validation unavailable ({e})")
+    if measured:
+        try:
+            sp = analysis.speedup(profile, "batch")
+            sp = sp[sp["k"] > 0]
+            same = sp[sp["proposer"] == proposer]
+            sp = same if len(same) else sp
+            if len(sp):
+                dist = (np.log2(sp["batch"] / batch).abs() + (sp["k"] - k).abs()).to_numpy()
+                near = sp[dist == dist.min()]  # every engine's (and replayed dataset's) cell at that distance
+                each = ", ".join(f"bs{int(x['batch'])} k={int(x['k'])} {x['proposer']}"
+                                 + "".join(f" {x[c]}" for c in ("engine", "trace") if c in near and
+                                           near[c].nunique() > 1)
+                                 + f" {x['speedup']:.2f}x ({x['ci_lo']:.2f}-{x['ci_hi']:.2f})"
+                                 for _, x in near.iterrows())
+                parts.append(f"nearest measured cell(s): {each}; this prediction {predicted:.2f}x")
+        except SpecdecError:
+            pass
+    else:
+        parts.append(f"no measured cell on {profile}")
+    return "; ".join(parts)
 
 
 # -- validation on measured batch-study cells ----------------------------------------------------------
@@ -387,11 +445,21 @@ def _cell_context(reqs: pd.DataFrame) -> float:
     return float(width + reqs["new_tokens"].mean() / 2)
 
 
+def _calibration(profile: str) -> tuple:
+    """The batch study's calibration patterns on this profile (() where none, or the profile has no yaml)."""
+    from . import config as cfgmod
+    if profile not in hardware.profile_names():
+        return ()
+    return tuple(cfgmod.load_study("batch", profile).get("calibration") or ())
+
+
 def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int = 0,
              per_request: bool = True, engine: str = "torch") -> pd.DataFrame:
     """Predicted vs measured speedup for every SD cell of the batch study of `profile`.
 
-    Costs are fitted only on the hardware study, acceptance only on the acceptance study (real traces,
+    Costs are fitted end to end on the batch study's calibration cells where its config names some (those cells
+    are then not validated: costmodel.fit_steps), else only on the hardware study; acceptance only on the
+    acceptance study (real traces,
     same proposer and temperature); each batch-study cell is then predicted for its batch size, k, mean
     context and output length (static batching: the batch waits for its slowest sequence, see
     static_steps and `per_request`). Measured speedup = no-SD decode seconds per token / SD decode
@@ -406,7 +474,8 @@ def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int
     reqs = reqs[(reqs["pair"] == pair) & (reqs["engine"] == engine)]
     if batches.empty:
         raise SpecdecError(f"no {engine} batch-study cells of pair {pair} on {profile} to validate against")
-    costs = costmodel.fit(profile, pair)
+    cal = _calibration(profile)
+    costs = costmodel.fit_steps(profile, cal, pair, engine) if cal else costmodel.fit(profile, pair)
     keys = ["batch", "temperature", "quant"]
     models: dict[tuple, AcceptanceModel | None] = {}
     rows = []
@@ -414,7 +483,7 @@ def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int
     for run_id, both in batches.groupby("run_id"):
         cell, paired_base = both[both["arm"] == "cell"], both[both["arm"] == "base"]
         c = cell.iloc[0]
-        if c["k"] == 0:
+        if c["k"] == 0 or costmodel._matches(run_id, cal):  # calibration cells are not validation cells
             continue
         base = paired_base if len(paired_base) else \
             own[(own["k"] == 0) & np.logical_and.reduce([own[key] == c[key] for key in keys])]

@@ -101,6 +101,9 @@ class Study:
     threads: int | None = None
     protocol: int = 1
     vllm: dict = field(default_factory=dict)
+    # run-id shell patterns of SD cells whose step times calibrate the cost model end to end
+    # (costmodel.fit_steps); every other SD cell is held out to validate it. Analysis only: not in the hash.
+    calibration: tuple = ()
     torch: TorchEngine = TorchEngine()
     prompts: Prompts = Prompts()
     generation: Generation = Generation()
@@ -116,7 +119,9 @@ class Study:
         prompts = dict(cfg.get("prompts") or {})
         if "sets" in prompts:
             prompts["sets"] = tuple(prompts["sets"])
-        return replace(st, prompts=_build(Prompts, prompts, f"{name}: prompts"),
+        if not isinstance(st.calibration, (list, tuple)) or not all(isinstance(p, str) for p in st.calibration):
+            raise SpecdecError(f"{name}: calibration must be a list of run-id patterns, got {st.calibration!r}")
+        return replace(st, calibration=tuple(st.calibration), prompts=_build(Prompts, prompts, f"{name}: prompts"),
                         generation=_build(Generation, cfg.get("generation"), f"{name}: generation"),
                         timing=_build(Timing, cfg.get("timing"), f"{name}: timing"), vllm=dict(cfg.get("vllm") or {}),
                         torch=_build(TorchEngine, cfg.get("torch"), f"{name}: torch"))

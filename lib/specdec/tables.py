@@ -66,10 +66,24 @@ SCHEMA = 2
 _warned: set[str] = set()
 
 
+_quiet = []
+
+
 def _warn(msg: str) -> None:
     if msg not in _warned:
         _warned.add(msg)
-        print(f"warning: {msg}", file=sys.stderr)
+        if not _quiet:
+            print(f"warning: {msg}", file=sys.stderr)
+
+
+class quiet:
+    """Within: reading warnings are recorded, not printed (a side note such as advise's certainty line)."""
+
+    def __enter__(self):
+        _quiet.append(1)
+
+    def __exit__(self, *exc):
+        _quiet.pop()
 
 
 def folder(gpu: str, study: str) -> Path:

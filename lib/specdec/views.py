@@ -519,3 +519,59 @@ def alternatives(gpu: str) -> tuple[pd.DataFrame, str]:
 
 def bench(gpu: str) -> tuple[pd.DataFrame, str]:
     return analysis.safe(analysis.bench, gpu)
+
+
+# -- decision map ------------------------------------------------------------------------------------------------
+MAP_ALPHAS = np.round(np.arange(0.0, 0.96, 0.025), 3)
+MAP_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def _iid_alpha(tokens_per_step: float, k: int) -> float:
+    """The i.i.d. acceptance alpha whose expected tokens per step at k equals `tokens_per_step` (NaN outside)."""
+    if not (1 <= tokens_per_step <= k + 1) or not np.isfinite(tokens_per_step):
+        return np.nan
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if analysis.iid_tokens_per_step(mid, k) < tokens_per_step else (lo, mid)
+    return (lo + hi) / 2
+
+
+def decision_map(gpu: str, context: float = predict.DEFAULT_CONTEXT) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """(map, points, note). map: predicted best SD speedup (draft model or EAGLE head, best k in 1..K_MAX) over
+    batch size x i.i.d. acceptance alpha, steady state at `context` KV tokens, under the profile's cost source
+    (columns batch, alpha, best_k, speedup). points: the profile's measured draft-model / EAGLE cells at k > 0
+    (batch, k, alpha = the i.i.d. alpha with their measured tokens per sequence-step, speedup with CI, engine,
+    trace), so where model and measurement disagree is visible. n-gram cells are left out (no draft cost)."""
+    from . import config as cfgmod
+    if measured(gpu, "batch"):
+        pair = cfgmod.load_study("batch", gpu)["pair"] if gpu in hardware.profile_names() else None
+        costs = costmodel.load(gpu, pair) if pair else None
+    else:
+        _, costs = inputs(gpu)
+    if costs is None:
+        return pd.DataFrame(), pd.DataFrame(), f"no cost source for '{gpu}'"
+    rows = []
+    for b in MAP_BATCHES:
+        base = costs.step_s(b, 0, context)
+        for a in MAP_ALPHAS:
+            sp = {k: analysis.iid_tokens_per_step(a, k) * base / costs.step_s(b, k, context, "draft")
+                  for k in range(1, predict.K_MAX + 1)}
+            k = max(sp, key=sp.get)
+            rows.append({"batch": b, "alpha": float(a), "best_k": k, "speedup": float(sp[k])})
+    grid = pd.DataFrame(rows)
+    pts = pd.DataFrame()
+    if measured(gpu, "batch"):
+        sp, _ = analysis.safe(analysis.speedup, gpu, "batch")
+        if len(sp):
+            from . import fidelity
+            sp = sp[(sp["k"] > 0) & sp["proposer"].isin(["draft", "eagle", "eagle3"])].copy()
+            # acceptance per proposing step (both engines' counters), not diluted by finished sequences
+            sp["tokens_per_step"] = sp["run_id"].map(fidelity.tokens_per_step(gpu, "batch"))
+            sp["alpha"] = [_iid_alpha(t, int(k)) for t, k in zip(sp["tokens_per_step"], sp["k"])]
+            keep = [c for c in ("engine", "trace", "batch", "k", "proposer", "alpha", "tokens_per_step",
+                                "speedup", "ci_lo", "ci_hi") if c in sp]
+            pts = sp[keep].reset_index(drop=True)
+    note = (f"costs: {costs.describe()}; context {context:.0f} KV tokens/seq; proposer draft model / EAGLE head "
+            f"({'measured cells overlaid' if len(pts) else 'no measured draft-model cells on this profile'})")
+    return grid, pts, note

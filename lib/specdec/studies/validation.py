@@ -10,14 +10,17 @@ def tables(gpu: str):
     pol, pol_note = views.policy(gpu)
     paper, paper_note = analysis.safe(views.paper_measured)
     cal, cal_note = analysis.safe(views.calibration_candidates)
+    dmap, dpts, dnote = views.decision_map(gpu)
     notes = {"validation-predicted-vs-measured": val_note, "validation-policy": pol_note, "reference": reference,
              "cost_source": val.attrs.get("cost_source", ""), "validation-paper-measured": paper_note or (
                  f"the paper's measured speedups (H100, vLLM 0.10.1): ours MAPE {paper.attrs['mape_predicted']:.1f}%, "
                  f"its simulator {paper.attrs['mape_simulator']:.1f}%, calibrated end to end "
                  f"({paper.attrs['calibration']}) {paper.attrs['mape_calibrated_cv']:.1f}% leaving each series out "
-                 f"({paper.attrs['cost_source']})"), "validation-calibration": cal_note}
+                 f"({paper.attrs['cost_source']})"), "validation-calibration": cal_note,
+             "validation-decision-map": dnote}
     return {"validation-predicted-vs-measured": val, "validation-policy": pol,
-            "validation-paper-measured": paper, "validation-calibration": cal}, notes
+            "validation-paper-measured": paper, "validation-calibration": cal,
+            "validation-decision-map": dmap, "validation-decision-points": dpts}, notes
 
 
 def figures(out):
@@ -27,4 +30,7 @@ def figures(out):
             "validation-policy": F.validation_policy(out["validation-policy"], out.gpu,
                                                      out.note("validation-policy")),
             "validation-paper-measured": F.paper_measured(out["validation-paper-measured"], out.gpu,
-                                                          out.note("validation-paper-measured"))}
+                                                          out.note("validation-paper-measured")),
+            "validation-decision-map": F.decision_map(out["validation-decision-map"],
+                                                      out["validation-decision-points"], out.gpu,
+                                                      out.note("validation-decision-map"))}
