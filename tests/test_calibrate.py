@@ -87,3 +87,13 @@ def test_costs_fitted_end_to_end_on_calibration_cells_and_validated_on_the_rest(
     assert config.config_hash(cfg) == config.config_hash({k: v for k, v in cfg.items() if k != "calibration"})
     with pytest.raises(Exception, match="no draft-model calibration cell"):
         costmodel.fit_steps("cpu", ["no-such-cell-*"])
+
+
+def test_validation_intervals_resample_costs_and_acceptance():
+    """Issue 12 item 3: the interval advise would give, checked against held-out cells (goal G14)."""
+    from specdec import predict
+    v = predict.validate("cpu", n_boot=20)
+    assert (v["pred_lo"] <= v["pred_hi"]).all() and (v["pred_hi"] > v["pred_lo"]).any()
+    assert 0 <= v.attrs["coverage"] <= 1
+    assert v.attrs["coverage"] == pytest.approx(v["covered"].mean())
+    assert "pred_lo" not in predict.validate("cpu")  # n_boot=0: no interval, no cost

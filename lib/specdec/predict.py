@@ -454,7 +454,7 @@ def _calibration(profile: str) -> tuple:
 
 
 def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int = 0,
-             per_request: bool = True, engine: str = "torch") -> pd.DataFrame:
+             per_request: bool = True, engine: str = "torch", n_boot: int = 0, level: float = 0.9) -> pd.DataFrame:
     """Predicted vs measured speedup for every SD cell of the batch study of `profile`.
 
     Costs are fitted end to end on the batch study's calibration cells where its config names some (those cells
@@ -466,7 +466,9 @@ def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int
     seconds per token at the same batch size (a paired cell's own interleaved no-SD batches, else the k=0
     cell); only `engine`'s cells (the cost model is fitted on the torch engine's forwards). Columns: cell keys, context, predicted, predicted_steady,
     measured, abs_pct_err [%], and predicted/measured steps per batch and seconds per step;
-    df.attrs["mape"] = mean abs_pct_err [%], df.attrs["cost_source"] = how the costs were obtained."""
+    df.attrs["mape"] = mean abs_pct_err [%], df.attrs["cost_source"] = how the costs were obtained. With
+    n_boot > 0 also pred_lo/pred_hi (the `level` interval of the prediction, costs and acceptance resampled
+    jointly, as advise's interval) and covered, and df.attrs["coverage"] (fraction of cells covered)."""
     batches = tables.load(profile, "batch", "batches")
     reqs = tables.load(profile, "batch", "requests")
     pair = costmodel.pair_name(pair) if pair else str(batches["pair"].iloc[0])
@@ -514,6 +516,15 @@ def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int
             row.update(predicted_steps=steps, extrapolated=ext,
                        predicted=need * row["predicted_base_step_s"] / (steps * row["predicted_step_s"]),
                        predicted_steady=float(speedup(costs, acc, bs, k, ctx, c["proposer"], ext)))
+            if n_boot:  # the interval advise would give: costs and acceptance resampled jointly
+                rng = np.random.default_rng([seed, bs, k])
+                reps = []
+                for i in range(n_boot):
+                    cb, ab = costs.resample(rng), acc.resample(rng)
+                    sb = static_steps(ab, k, bs, need, max(n_sim // 10, 50), seed + i, ext, per_request)
+                    reps.append(need * cb.step_s(bs, 0, ctx) / (sb * cb.step_s(bs, k, ctx, c["proposer"])))
+                tail = (1 - level) / 2 * 100
+                row["pred_lo"], row["pred_hi"] = (float(x) for x in np.percentile(reps, [tail, 100 - tail]))
         rows.append(row)
     if not rows:
         raise SpecdecError(f"no SD cells with a matching no-SD cell in data/raw/{profile}/batch")
@@ -525,6 +536,9 @@ def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int
     df = df.sort_values(["proposer", "batch", "k"], ignore_index=True)
     df.attrs["mape"] = float(df["abs_pct_err"].mean())
     df.attrs["cost_source"] = costs.describe()
+    if n_boot and "pred_lo" in df:
+        df["covered"] = (df["measured"] >= df["pred_lo"]) & (df["measured"] <= df["pred_hi"])
+        df.attrs["coverage"] = float(df.loc[df["pred_lo"].notna(), "covered"].mean())
     return df
 
 
