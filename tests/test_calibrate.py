@@ -69,8 +69,8 @@ def test_costs_fitted_end_to_end_on_calibration_cells_and_validated_on_the_rest(
     """Issue 12 item 2, CPU: the cost model from the batch study's own steps (no-SD batches + named calibration
     cells); those cells never count as validation cells; the config hash ignores the list."""
     from specdec import config, predict, tables
-    cal = predict._calibration("cpu")
-    assert cal and predict._calibration("h100") == ()
+    cal = config.analysis_settings("batch", "cpu")["calibration"]
+    assert cal and config.analysis_settings("batch", "h100")["calibration"] == ()
     costs = costmodel.fit_steps("cpu", cal)
     assert costs.source == "steps" and "calibration cell" in costs.describe()
     # the fitted 1-token step at bs 1 is the measured no-SD step there (seconds per step of the base arms)
@@ -81,7 +81,7 @@ def test_costs_fitted_end_to_end_on_calibration_cells_and_validated_on_the_rest(
     at1 = pts[(pts["batch"] == 1) & (pts["query"] == 1)]
     assert float(np.median(at1["fitted_s"])) == pytest.approx(measured, rel=0.15)
     val = predict.validate("cpu")
-    assert not any(costmodel._matches(r, cal) for r in val["run_id"]) and len(val) >= 5
+    assert not any(costmodel.matches(r, cal) for r in val["run_id"]) and len(val) >= 5
     assert np.isfinite(val.attrs["mape"]) and val.attrs["cost_source"].startswith("FITTED END TO END")
     cfg = config.load_study("batch", "cpu")
     assert config.config_hash(cfg) == config.config_hash({k: v for k, v in cfg.items() if k != "calibration"})

@@ -56,10 +56,7 @@ def load(study: str, gpu: str, table: str = "requests") -> pd.DataFrame:
 def warmup_batches(gpu: str, study: str) -> int:
     """timing.warmup_batches of the study's config on this profile (0 where the profile has no yaml)."""
     from . import config as cfgmod
-    from . import hardware
-    if gpu not in hardware.profile_names():
-        return 0
-    return int(((cfgmod.load_study(study, gpu).get("timing") or {}).get("warmup_batches")) or 0)
+    return cfgmod.analysis_settings(study, gpu)["warmup_batches"]
 
 
 def warm_up(df: pd.DataFrame, n: int) -> pd.DataFrame:

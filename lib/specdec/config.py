@@ -81,6 +81,25 @@ def load_study(study: str, profile: str | None = None) -> dict:
     return cfg
 
 
+_ANALYSIS: dict = {}
+
+
+def analysis_settings(study: str, profile: str) -> dict:
+    """The analysis-only settings of a study on a profile, left out of the config hash: `calibration` (run-id
+    patterns of the cells that calibrate the cost model, costmodel.fit_steps) and `warmup_batches` (each run's
+    first timed batches that analysis leaves out). Cached per config file version (analysis asks on every load);
+    a profile without a yaml gets neither."""
+    from .hardware import profile_names
+    path = paths.configs() / f"{study}.yaml"
+    stamp = (path.stat().st_mtime_ns, path.stat().st_size) if path.exists() else None
+    key = (str(path), stamp, profile)
+    if key not in _ANALYSIS:
+        cfg = load_study(study, profile) if profile in profile_names() else {}
+        _ANALYSIS[key] = {"calibration": tuple(cfg.get("calibration") or ()),
+                          "warmup_batches": int((cfg.get("timing") or {}).get("warmup_batches") or 0)}
+    return _ANALYSIS[key]
+
+
 def select(cells: list[dict], only: str | None, study: str) -> list[dict]:
     """The cells whose id (cell_id) matches the shell pattern `only` (all when None); no match is an error."""
     if only is None:

@@ -352,7 +352,8 @@ def fit(profile: str, pair: str | None = None, forwards: pd.DataFrame | None = N
     return CostModel(profile, pair or "unknown", "fitted", fits["target"].cost, fits["draft"].cost, fits)
 
 
-def _matches(run_id: str, patterns) -> bool:
+def matches(run_id: str, patterns) -> bool:
+    """Whether a run id matches one of the shell patterns (a calibration cell)."""
     import fnmatch
     return any(fnmatch.fnmatch(run_id, p) for p in patterns)
 
@@ -377,7 +378,7 @@ def fit_steps(profile: str, calibration, pair: str | None = None, engine: str = 
     base = b[(b["arm"] == "base") | (b["k"] == 0)]
     tgt = [{"batch": r.size, "query": 1, "context": ctx.get((r.run_id, r.repeat, r.batch_idx), np.nan),
             "seconds": r.decode_s / r.steps} for r in base.itertuples() if r.steps > 0]
-    cal = st[(st["k"] > 0) & st["run_id"].map(lambda r: _matches(r, calibration))]
+    cal = st[(st["k"] > 0) & st["run_id"].map(lambda r: matches(r, calibration))]
     draft, ngram = [], []
     for (rid, rep, bi, k, prop, bs), g in cal.groupby(["run_id", "repeat", "batch_idx", "k", "proposer", "batch"]):
         c = ctx.get((rid, rep, bi), np.nan)
@@ -467,7 +468,7 @@ def load(profile: str, pair: str) -> CostModel:
     errors = []
     try:  # end to end on the batch study's steps, where its config names calibration cells
         from . import config as cfgmod
-        cal = cfgmod.load_study("batch", profile).get("calibration") if profile in hardware.profile_names() else None
+        cal = cfgmod.analysis_settings("batch", profile)["calibration"]
         if cal and tables.has_runs(profile, "batch"):
             return fit_steps(profile, cal, name)
     except SpecdecError as e:

@@ -98,13 +98,19 @@ def gen_config(cfg: dict, cell: dict, seed: int | None = None) -> GenConfig:
 TRACE_PROPOSER = {"draft": "eagle", "eagle": "eagle", "ngram": "ngram"}  # whose traced acceptance a cell replays
 
 
+def _trace_source(st: Study, dataset: str | None = None) -> tuple[str, str]:
+    """(collection, dataset) a trace-replayed study reads: generation.acceptance_trace, its dataset replaced by
+    a cell's `trace` where given."""
+    name, _, own = st.generation.acceptance_trace.partition("/")
+    return name, dataset or own
+
+
 def trace_prompts(cfg: dict, vocab_size: int, dataset: str | None = None) -> list[dict]:
     """Prompts of a trace-replayed study (generation.acceptance_trace, or its collection's `dataset`): one per
     traced request that has both proposers' traces, random token ids (seeded) of its prompt length (capped at
     prompts.max_prompt_tokens), with its acc_len per proposer under "acc"."""
     st = Study.from_dict(cfg)
-    name, _, own = st.generation.acceptance_trace.partition("/")
-    dataset = dataset or own
+    name, dataset = _trace_source(st, dataset)
     per = {p: {r.id: r for r in traces.load(name, dataset, p).requests} for p in traces.PROPOSERS}
     ids = [i for i in per["eagle"] if i in per["ngram"]]
     if not ids:
@@ -123,8 +129,7 @@ def _replayed(st: Study, cell: dict) -> dict:
     """meta.json's `acceptance_trace` (COLLECTION/DATASET) for a cell that replays one, else nothing."""
     if not st.generation.acceptance_trace or cell["mode"] in cfgmod.FORWARD_MODES:
         return {}
-    name, _, own = st.generation.acceptance_trace.partition("/")
-    return {"acceptance_trace": f"{name}/{cell.get('trace') or own}"}
+    return {"acceptance_trace": "/".join(_trace_source(st, cell.get("trace")))}
 
 
 def tokenized_prompts(cfg: dict, tokenizer) -> list[dict]:
@@ -388,6 +393,7 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
     mc = ModelCache(st.pair, st.dtype or "float32", device, st.draft_dtype, st.draft_quant, st.torch.linear)
     tok = mc.pair.tokenizer
     plists = {}
+    on_cpu = str(device) == "cpu"  # the probe reads host memory: it says nothing of a GPU's timings
     ran = 0
     for cell, folder, _ in tqdm(pending, desc=f"{study}/{profile_name}", unit="cell"):
         if budget_s is not None and time.monotonic() - t_start > budget_s:
@@ -402,7 +408,6 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
         plist = plists.get(trace)
         started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         load0 = os.getloadavg()
-        on_cpu = str(device) == "cpu"  # the probe reads host memory: it says nothing of a GPU's timings
         before = probe.read_gbs() if on_cpu else None
         if cell["mode"] == "forward":
             tables = {"forwards": pd.DataFrame(run_forward(cfg, cell, target, draft, plist, tok))}

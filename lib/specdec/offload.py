@@ -22,10 +22,6 @@ class LayerOffload:
             host = [t.detach().to("cpu", copy=True) for t in tensors]
             self.layers.append((layer, tensors, [h.pin_memory() if pin else h for h in host]))
 
-    def bytes_per_forward(self) -> int:
-        """Bytes copied host -> device in one forward (all decoder layers)."""
-        return sum(h.numel() * h.element_size() for _, _, host in self.layers for h in host)
-
     @contextmanager
     def active(self):
         """Inside: the layers' device tensors are freed and re-copied from host memory in each forward."""

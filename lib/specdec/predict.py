@@ -372,7 +372,7 @@ def certainty(profile: str, costs: CostModel, proposer: str, batch: int, k: int,
     """One line: the cost source's kind, the validation error of that source where one exists (our measured
     batch cells on this profile, or the paper's measured speedups for the published H100 fit), and the
     nearest measured cell of this profile (same proposer where there is one) beside this prediction."""
-    from . import analysis, tables
+    from . import analysis
     base = costs.source.split("+")[0]
     parts = ["cost source: " + SOURCE_KIND.get(base, base).format(p=profile)
              + (", calibrated end to end" if costs.source.endswith("+calibrated") else "")]
@@ -385,7 +385,7 @@ def certainty(profile: str, costs: CostModel, proposer: str, batch: int, k: int,
         elif base == "published" and profile == "h100":
             from . import views
             parts.append(f"its error on the paper's measured speedups (cnn, sharegpt): MAPE "
-                         f"{views.paper_measured().attrs['mape_predicted']:.1f}%")
+                         f"{views.paper_measured(calibrated=False).attrs['mape_predicted']:.1f}%")
         else:
             parts.append("not validated against measurements on this profile")
     except SpecdecError as e:
@@ -445,14 +445,6 @@ def _cell_context(reqs: pd.DataFrame) -> float:
     return float(width + reqs["new_tokens"].mean() / 2)
 
 
-def _calibration(profile: str) -> tuple:
-    """The batch study's calibration patterns on this profile (() where none, or the profile has no yaml)."""
-    from . import config as cfgmod
-    if profile not in hardware.profile_names():
-        return ()
-    return tuple(cfgmod.load_study("batch", profile).get("calibration") or ())
-
-
 def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int = 0,
              per_request: bool = True, engine: str = "torch", n_boot: int = 0, level: float = 0.9) -> pd.DataFrame:
     """Predicted vs measured speedup for every SD cell of the batch study of `profile`.
@@ -476,7 +468,8 @@ def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int
     reqs = reqs[(reqs["pair"] == pair) & (reqs["engine"] == engine)]
     if batches.empty:
         raise SpecdecError(f"no {engine} batch-study cells of pair {pair} on {profile} to validate against")
-    cal = _calibration(profile)
+    from . import config as cfgmod
+    cal = cfgmod.analysis_settings("batch", profile)["calibration"]
     costs = costmodel.fit_steps(profile, cal, pair, engine) if cal else costmodel.fit(profile, pair)
     keys = ["batch", "temperature", "quant"]
     models: dict[tuple, AcceptanceModel | None] = {}
@@ -485,7 +478,7 @@ def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int
     for run_id, both in batches.groupby("run_id"):
         cell, paired_base = both[both["arm"] == "cell"], both[both["arm"] == "base"]
         c = cell.iloc[0]
-        if c["k"] == 0 or costmodel._matches(run_id, cal):  # calibration cells are not validation cells
+        if c["k"] == 0 or costmodel.matches(run_id, cal):  # calibration cells are not validation cells
             continue
         base = paired_base if len(paired_base) else \
             own[(own["k"] == 0) & np.logical_and.reduce([own[key] == c[key] for key in keys])]
