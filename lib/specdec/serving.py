@@ -1,0 +1,283 @@
+"""Study "serving": vLLM's OpenAI-compatible server (continuous batching) under Poisson load, SD off and on.
+
+A cell (mode serve) is one server configuration (k, proposer, batch = its max_num_seqs) at one request rate.
+Under `timing.paired` an SD cell is measured against a no-SD server kept alive beside it: pair p sends the
+same `serving.requests` prompts at the same Poisson arrival times (seed + p) first to one server, then to the
+other, the order alternating from pair to pair (pairing.order); the machine's drift is then shared by both
+arms of a pair. Servers run on 127.0.0.1 (server.py), one client drives them (loadgen.py); every server is
+stopped when measure returns, fails or is interrupted (Ctrl-C, SIGTERM).
+
+Raw run (data/raw/<profile>/serving/<cell-id>-vllm-<hash>/), meta.json written last:
+  requests.parquet  one row per request: arm (cell | base), pair, window, rid, prompt_set, prompt_idx,
+                    prompt_tokens, new_tokens, arrival_s / sent_s / first_token_s / finish_s (s from the
+                    window's start), ttft_s, tpot_s, e2e_s, late_s (s), itl_s / chunk_s (lists, s),
+                    chunk_tokens, output_ids (lists), error ("" when it completed)
+  windows.parquet   one row per load window: arm, pair, window, rate, requests, completed, tokens,
+                    duration_s (window start to its last token), tok_s, req_s, spec-decode counter
+                    deltas of the loaded server (num_drafts, num_draft_tokens, num_accepted_tokens,
+                    accepted_per_pos), generation_tokens, preemptions
+  acceptance.json   the cell arm's spec-decode counters over its windows (vllm_runner.acceptance_summary)
+  server-<arm>.log  each server's output up to the end of the cell
+A failed request, a server that dies or stops answering, or a window past its deadline ends the run with one
+line; its folder stays partial (no meta.json) and is set aside by the next measure.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import time
+from types import SimpleNamespace
+
+import pandas as pd
+
+from . import config as cfgmod
+from . import hardware, loadgen, models, pairing, paths, probe, rawdata, vllm_runner
+from .errors import SpecdecError
+from .server import Server
+from .spec import Cell, Study
+
+GEN_TOKENS, PREEMPTIONS = "vllm:generation_tokens", "vllm:num_preemptions"
+
+
+def server_kwargs(cfg: dict, cell: dict, resolve: bool = False) -> dict:
+    """The server's engine arguments for a cell: vllm_runner.llm_kwargs with max_num_seqs = the cell's batch."""
+    if cell.get("mode") != "serve":
+        raise SpecdecError(f"the serving study runs serve cells only, not mode '{cell.get('mode')}'")
+    return vllm_runner.llm_kwargs(cfg, cell, resolve=resolve)
+
+
+def _paired(st: Study, cell: dict) -> bool:
+    return bool(st.timing.paired) and cell["k"] > 0
+
+
+def _counters(metrics: list[dict]) -> dict:
+    """Spec-decode counters, generated tokens and preemptions of a /metrics snapshot (cumulative)."""
+    objs = [SimpleNamespace(name=m["name"], value=m["value"], labels=m["labels"]) for m in metrics]
+    out = vllm_runner.spec_counters(objs)
+
+    def total(name):
+        return sum(m["value"] for m in metrics if m["name"] in (name, name + "_total"))
+    out.update(generation_tokens=total(GEN_TOKENS), preemptions=total(PREEMPTIONS))
+    return out
+
+
+def _delta(after: dict, before: dict) -> dict:
+    out = vllm_runner.counters_delta(after, before)
+    for key in ("generation_tokens", "preemptions"):
+        out[key] = after[key] - before[key]
+    return out
+
+
+def _requests(cfg: dict, cell: dict, pair: int, plist: list[dict]) -> tuple[list[dict], list[float]]:
+    """The prompts and send times (s) of pair `pair`: serving.requests prompts taken in turn from the prompt
+    list, Poisson arrivals at the cell's rate seeded by seed + pair (the same for both arms)."""
+    st = Study.from_dict(cfg)
+    n = st.serving.requests
+    chosen = [plist[(pair * n + i) % len(plist)] for i in range(n)]
+    return chosen, loadgen.arrivals(n, float(cell["rate"]), st.seed + pair)
+
+
+def _bodies(cfg: dict, cell: dict, model: str, chosen: list[dict], max_tokens: int | None = None) -> list[dict]:
+    gen = Study.from_dict(cfg).generation
+    return [loadgen.body(model, p["ids"], max_tokens or gen.max_new_tokens, cell["temperature"], gen.ignore_eos)
+            for p in chosen]
+
+
+def warm(server: Server, cfg: dict, cell: dict, plist: list[dict]) -> None:
+    """serving.warmup_requests short requests, one at a time (untimed): first-request costs off the clock."""
+    st = Study.from_dict(cfg)
+    for i in range(st.serving.warmup_requests):
+        rows = loadgen.run_window(server.url, _bodies(cfg, cell, server.kwargs["model"], [plist[i % len(plist)]],
+                                                      max_tokens=4), [0.0], st.serving.request_timeout_s,
+                                  st.serving.window_timeout_s)
+        if rows[0]["error"]:
+            raise SpecdecError(f"warm-up request to {server.url} failed: {rows[0]['error']} (log: {server.log})")
+
+
+def window(server: Server, arm: str, cfg: dict, cell: dict, pair: int, idx: int, plist: list[dict]):
+    """One load window on one server: (request rows, window row). A dead server or a failed request is a
+    one-line SpecdecError."""
+    st = Study.from_dict(cfg)
+    chosen, send_at = _requests(cfg, cell, pair, plist)
+    before = _counters(server.metrics())
+    rows = loadgen.run_window(server.url, _bodies(cfg, cell, server.kwargs["model"], chosen), send_at,
+                              st.serving.request_timeout_s, st.serving.window_timeout_s)
+    if not server.alive():
+        raise SpecdecError(f"vLLM server ({arm} arm) died during window {idx}: {server.last_error()} "
+                           f"(log: {server.log})")
+    failed = [r["error"] for r in rows if r["error"]]
+    if failed:
+        raise SpecdecError(f"{len(failed)} of {len(rows)} requests of window {idx} ({arm} arm) failed, first: "
+                           f"{failed[0]}")
+    d = _delta(_counters(server.metrics()), before)
+    out = []
+    for rid, (p, r) in enumerate(zip(chosen, rows)):
+        out.append({"arm": arm, "pair": pair, "window": idx, "rid": rid, "prompt_set": p["prompt_set"],
+                    "prompt_idx": p["prompt_idx"], "prompt_tokens": len(p["ids"]), **r, **loadgen.derived(r)})
+    tokens = sum(r["new_tokens"] for r in rows)
+    duration = max(r["finish_s"] for r in rows)
+    row = {"arm": arm, "pair": pair, "window": idx, "rate": float(cell["rate"]), "requests": len(rows),
+           "completed": sum(1 for r in rows if not r["error"]), "tokens": tokens, "duration_s": duration,
+           "tok_s": tokens / duration, "req_s": len(rows) / duration,
+           **{key: d[key] for key in vllm_runner.COUNTERS.values()},
+           "accepted_per_pos": d["num_accepted_tokens_per_pos"], "generation_tokens": d["generation_tokens"],
+           "preemptions": d["preemptions"]}
+    return out, row, d
+
+
+def _add(a: dict, b: dict) -> dict:
+    """Counter sums of two windows (per-position lists padded to the longer)."""
+    pa, pb = list(a["num_accepted_tokens_per_pos"]), list(b["num_accepted_tokens_per_pos"])
+    n = max(len(pa), len(pb))
+    pa, pb = pa + [0] * (n - len(pa)), pb + [0] * (n - len(pb))
+    return {**{k: a[k] + b[k] for k in vllm_runner.COUNTERS.values()},
+            "num_accepted_tokens_per_pos": [x + y for x, y in zip(pa, pb)]}
+
+
+def run_cell(servers: dict, cfg: dict, cell: dict, plist: list[dict]):
+    """Every window of a cell: (request rows, window rows, acceptance summary of the cell arm)."""
+    st = Study.from_dict(cfg)
+    reqs, wins = [], []
+    total = {**dict.fromkeys(vllm_runner.COUNTERS.values(), 0), "num_accepted_tokens_per_pos": []}
+    idx = 0
+    for pair in range(st.serving.pairs):
+        for arm in (pairing.order(pair) if len(servers) > 1 else ("cell",)):
+            rows, row, d = window(servers[arm], arm, cfg, cell, pair, idx, plist)
+            reqs += rows
+            wins.append(row)
+            idx += 1
+            if arm == "cell":
+                total = _add(total, d)
+    counters = {k: total[k] for k in list(vllm_runner.COUNTERS.values()) + ["num_accepted_tokens_per_pos"]}
+    return reqs, wins, vllm_runner.acceptance_summary(counters)
+
+
+def _pending(cfg: dict, study: str, profile: str, echo, dry_run: bool, only: str | None):
+    chash = cfgmod.config_hash(cfg, "vllm")
+    return rawdata.pending_cells(profile, study, cfgmod.select(cfgmod.cells(cfg), only, study),
+                                 lambda c: f"{cfgmod.cell_id(c)}-vllm-{chash[:8]}", echo,
+                                 prepare=lambda c: server_kwargs(cfg, c), dry_run=dry_run)
+
+
+class Servers:
+    """The servers of one measure run, at most two alive: the no-SD base (kept while cells pair with it) and
+    the current cell's. Keys are their engine arguments; logs go to build/serving-logs/<profile>/."""
+
+    def __init__(self, cfg: dict, profile: str):
+        self.cfg, self.alive = cfg, {}
+        self.logs = paths.build_root() / "serving-logs" / profile
+        self.start_s: dict = {}
+
+    def get(self, kwargs: dict, keep: tuple = ()) -> Server:
+        key = json.dumps(kwargs, sort_keys=True, default=str)
+        if key not in self.alive:
+            for old in [k for k in self.alive if k not in keep]:
+                self.alive.pop(old).stop()
+            st = Study.from_dict(self.cfg)
+            name = ("base" if not kwargs.get("speculative_config") else
+                    f"{kwargs['speculative_config']['method']}-k{kwargs['speculative_config']['num_speculative_tokens']}")
+            log = self.logs / f"{time.strftime('%Y%m%d-%H%M%S')}-bs{kwargs['max_num_seqs']}-{name}.log"
+            srv = Server(kwargs, log, vllm_runner.engine_env(self.cfg), st.serving.port)
+            self.alive[key] = srv
+            self.start_s[key] = srv.start(st.serving.start_timeout_s)
+        return self.alive[key]
+
+    def key(self, srv: Server) -> str:
+        return next(k for k, v in self.alive.items() if v is srv)
+
+    def close(self) -> None:
+        for srv in self.alive.values():
+            srv.stop()
+        self.alive.clear()
+
+
+def _copy_logs(servers: dict, folder) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for arm, srv in servers.items():
+        if srv.log.exists():
+            shutil.copyfile(srv.log, folder / f"server-{arm}.log")
+
+
+def _on_sigterm(signum, frame):
+    raise KeyboardInterrupt  # unwinds through measure's finally: every server is stopped
+
+
+def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bool = False, echo=print,
+            only: str | None = None) -> dict:
+    """Run every missing serve cell of a study on this machine. Returns counts: cells, ran, pending."""
+    profile = hardware.load_profile(profile_name)
+    if not dry_run and not vllm_runner.have_vllm():
+        raise SpecdecError(vllm_runner.MISSING)
+    machine = hardware.describe_machine()
+    hardware.check_machine(profile, machine)
+    cfg = cfgmod.load_study(study, profile_name)
+    todo = cfgmod.select(cfgmod.cells(cfg), only, study)
+    pending, unsupported = _pending(cfg, study, profile_name, echo, dry_run, only)
+    for cid, reason in unsupported:
+        echo(f"skipping {cid}: {reason}")
+    echo(f"{study} on {profile_name} (vllm server): {len(todo)} cells, "
+         f"{len(todo) - len(pending) - len(unsupported)} done, {len(pending)} to run")
+    total = len(pending)
+    pending = pending[:limit] if limit is not None else pending
+    counts = {"cells": len(todo), "ran": 0, "pending": total, "unsupported": len(unsupported)}
+    if dry_run or not pending:
+        return counts
+    st = Study.from_dict(cfg)
+    runs = [(cell, folder, server_kwargs(cfg, cell, resolve=True),
+             server_kwargs(cfg, {**cell, "k": 0, "proposer": "none"}, resolve=True) if _paired(st, cell) else None)
+            for cell, folder, _ in pending]
+    for _, _, kw, _ in runs:
+        vllm_runner.check_model_folders(kw)
+    keys = [json.dumps(kw, sort_keys=True, default=str) for _, _, kw, _ in runs]
+    order = sorted(range(len(runs)), key=lambda i: (keys.index(keys[i]), i))  # cells sharing a server together
+    plist = vllm_runner._tokenized_prompts(cfg)
+    versions = rawdata.versions()
+    rawdata.git_state()  # read now, before the first cell: the code this process imported
+    servers = Servers(cfg, profile_name)
+    old = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        for i in order:
+            cell, folder, kwargs, base_kwargs = runs[i]
+            arms = {}
+            if base_kwargs is not None:
+                arms["base"] = servers.get(base_kwargs)
+                arms["cell"] = servers.get(kwargs, keep=(servers.key(arms["base"]),))
+            else:
+                arms["cell"] = servers.get(kwargs, keep=tuple(k for k in servers.alive if '"speculative_config"' not in k))
+            for srv in arms.values():
+                if not getattr(srv, "warmed", False):
+                    warm(srv, cfg, cell, plist)
+                    srv.warmed = True
+            echo(f"{cfgmod.cell_id(cell)}: {st.serving.pairs} pair(s) of {st.serving.requests} requests at "
+                 f"{cell['rate']:g}/s")
+            started, load0 = time.strftime("%Y-%m-%dT%H:%M:%S%z"), os.getloadavg()
+            before = probe.read_gbs()
+            try:
+                reqs, wins, acceptance = run_cell(arms, cfg, cell, plist)
+            finally:
+                _copy_logs(arms, folder)
+            after = probe.read_gbs()
+            (folder / "acceptance.json").write_text(json.dumps(acceptance, indent=2, sort_keys=True))
+            meta = rawdata.run_meta(
+                study, folder, profile_name, cell, cfg, machine, "vllm", hardware.device_for(profile), started, load0,
+                versions, acceptance=acceptance, probe={"before": before, "after": after},
+                **models.weights_of(cfg["pair"]),
+                serving={"argv": {arm: s.kwargs for arm, s in arms.items()},
+                         "start_s": {arm: servers.start_s[servers.key(s)] for arm, s in arms.items()},
+                         "env": vllm_runner.engine_env(cfg), "client": "specdec.loadgen (aiohttp, streamed)"})
+            rawdata.write_run(folder, {"requests": pd.DataFrame(reqs), "windows": pd.DataFrame(wins)}, meta)
+            counts["ran"] += 1
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        servers.close()
+    counts["pending"] -= counts["ran"]
+    return counts
+
+
+def fraction_same(a: list, b: list) -> float:
+    """Share of requests whose output tokens are equal in two arms' rows (same rid order); NaN if none."""
+    pairs = [(x, y) for x, y in zip(a, b) if len(x) and len(y)]
+    return sum(list(x) == list(y) for x, y in pairs) / len(pairs) if pairs else math.nan

@@ -1,0 +1,33 @@
+"""Study "serving": vLLM's OpenAI server under Poisson load, SD off vs on (serving.py, servestats.py)."""
+import pandas as pd
+
+from .. import analysis, config, servestats
+from .. import figures as F
+
+SOURCE = "serving"
+
+
+def static(gpu: str) -> pd.DataFrame:
+    """vLLM's static-batch speedups of the batch study at the serving study's k and proposers (the other side
+    of "where SD stops paying"); a profile without them gives an empty table."""
+    sp, _ = analysis.safe(analysis.speedup, gpu, "batch")
+    cells = config.cells(config.load_study("serving", gpu))
+    want = {(c["proposer"], c["k"]) for c in cells if c["k"] > 0}
+    if sp.empty or "engine" not in sp:
+        return pd.DataFrame()
+    keep = [(p, k) in want for p, k in zip(sp["proposer"], sp["k"])]
+    return sp[(sp["engine"] == "vllm") & (sp["mode"] == "static") & keep].reset_index(drop=True)
+
+
+def tables(gpu: str):
+    lat, lat_note = analysis.safe(servestats.latency, gpu)
+    pr, pr_note = analysis.safe(servestats.paired, gpu)
+    stops = servestats.stops_paying(pr) if len(pr) else pd.DataFrame()
+    return ({"serving-latency": lat, "serving-paired": pr, "serving-stops": stops, "serving-static": static(gpu)},
+            {"serving-latency": lat_note, "serving-paired": pr_note})
+
+
+def figures(out):
+    return {"serving-curves": F.serving_curves(out["serving-latency"], out.gpu, out.note("serving-latency")),
+            "serving-speedup": F.serving_speedup(out["serving-paired"], out["serving-static"], out.gpu,
+                                                 out.note("serving-paired"))}
