@@ -104,7 +104,7 @@ class Server:
             fh.flush()
             self.proc = subprocess.Popen(argv(self.kwargs, self.port), stdout=fh, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env={**os.environ, **self.env},
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=_die_with_parent)
         while time.monotonic() - t0 < timeout_s:
             if self.proc.poll() is not None:
                 self.stop()
@@ -160,6 +160,16 @@ class Server:
             if not _group_alive(self.proc.pid):
                 break
         self.proc.poll()
+
+
+def _die_with_parent() -> None:
+    """In the server's child process before exec (Linux): SIGTERM it when the harness dies, even by SIGKILL
+    (where no finally runs), so that no server outlives the process that started it."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _group_alive(pgid: int) -> bool:
