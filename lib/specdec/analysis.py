@@ -737,7 +737,8 @@ def profile_status() -> pd.DataFrame:
     TFLOP/s, mem_bw_tbs in TB/s) and, per study, 'measured' (complete runs under data/raw) or 'ABSENT'."""
     from . import hardware
 
-    studies = [s for s in ("batch", "acceptance", "hardware", "alternatives", "bench") if s in cfgmod.study_names()]
+    studies = [s for s in ("batch", "acceptance", "hardware", "alternatives", "serving", "bench")
+               if s in cfgmod.study_names()]
     rows = []
     for name in hardware.profile_names():
         prof = hardware.load_profile(name)

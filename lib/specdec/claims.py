@@ -44,13 +44,16 @@ CLAIMS = {
     "C6b": ("break-even acceptance is ~0.9 for large models", "summary of the paper"),
     "C7": ("relative draft overhead is higher on H100 than on A100", "summary of the paper"),
     "C8": ("continuous batching or quantization is often as good as SD", "summary of the paper"),
+    "C8s": ("continuous batching or quantization is often as good as SD",
+            "summary of the paper; here: vLLM's server, continuous batching without SD vs with SD, Poisson load"),
 }
 COLUMNS = ["claim", "statement", "paper_setting", "profile", "basis", "rule", "measured", "ci_lo", "ci_hi",
            "measured_text", "verdict", "reason", "torch_engine"]
 SPEEDUP_CLAIMS = ("C1", "C2", "C3", "C4", "C5")  # decided on batch-study speedups: by vLLM where it measured
 # which study's data decides each claim (its views.mode gives the basis: measured or predicted)
 CLAIM_STUDY = {"C1": "batch", "C2": "batch", "C3": "batch", "C4": "batch", "C5": "batch", "C6a": "acceptance",
-               "C6b": "acceptance", "C7": "hardware", "C8": "alternatives"}
+               "C6b": "acceptance", "C7": "hardware", "C8": "alternatives",
+               "C8s": "serving"}
 
 
 def _band(x: float) -> tuple[float, float]:
@@ -373,6 +376,29 @@ def _c8(d: _Data):
                 analysis.fmt_ci(est, lo, hi) + " of settings")
 
 
+def _c8s(d: _Data):
+    """C8 with a production-serving basis: per served setting (proposer x request rate), is the no-SD server
+    (continuous batching alone) within AS_GOOD of the SD server's speed per output token?"""
+    from . import servestats
+    rule = (f"the no-SD server (continuous batching alone) reaches >= {AS_GOOD} x the SD server's speed per output "
+            f"token (median TPOT, paired windows) in >= {OFTEN:.0%} of the served settings (proposer x rate)")
+    df, why = d.get("serving", servestats.paired, d.gpu, replicates=True)
+    if df is None:
+        return _row("C8s", rule, NOT_MEASURABLE, why)
+    t = df[df["metric"] == "tpot_p50"]
+    # SD's speedup over the no-SD server <= 1 / AS_GOOD  <=>  the no-SD server is "as good"
+    est = float(np.mean(t["speedup"] <= 1 / AS_GOOD))
+    with np.errstate(invalid="ignore"):
+        reps = np.array([(r <= 1 / AS_GOOD).astype(float) for r in t["replicates"]])
+        nan = np.array([np.isnan(r) for r in t["replicates"]]).any(0)
+    lo, hi = analysis.ci(np.where(nan, np.nan, reps.mean(0)))
+    labels = [f"{r.proposer} {r.rate:g}/s: SD {r.speedup:.2f}x" for r in t.sort_values(["proposer", "rate"]).itertuples()]
+    row = _row("C8s", rule, REPRODUCED if est >= OFTEN else NOT_REPRODUCED,
+               f"{len(t)} settings: " + "; ".join(labels) + _crosses(lo, hi, lower=OFTEN), est, lo, hi,
+               analysis.fmt_ci(est, lo, hi) + " of settings")
+    return dict(row, basis="measured, vllm server")
+
+
 def verdicts(gpu: str) -> pd.DataFrame:
     """One row per claim: the measured number with its 95% CI from profile `gpu` (all profiles for C7),
     the rule, and the verdict ("reproduced" / "not reproduced" / "not measurable here") with its reason."""
@@ -389,7 +415,7 @@ def verdicts(gpu: str) -> pd.DataFrame:
         for v, t in zip(by_vllm, by_torch):
             basis = "measured, vllm"
             rows.append(dict(v, basis=basis, torch_engine=f"{t['measured_text']} ({t['verdict']})"))
-    rows += [_c6("C6a", d, 0.7, large=False), _c6("C6b", d, 0.9, large=True), _c7(d), _c8(d)]
+    rows += [_c6("C6a", d, 0.7, large=False), _c6("C6b", d, 0.9, large=True), _c7(d), _c8(d), _c8s(d)]
     df = pd.DataFrame(rows)
     df["torch_engine"] = df["torch_engine"].fillna("") if "torch_engine" in df else ""
     df["profile"] = gpu

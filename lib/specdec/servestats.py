@@ -96,11 +96,13 @@ def _median_ratio(num: np.ndarray, den: np.ndarray, *key) -> tuple[float, np.nda
     return est, np.median(num[idx], axis=1) / np.median(den[idx], axis=1)
 
 
+@analysis._replicates
 def paired(gpu: str, study: str = "serving") -> pd.DataFrame:
     """One row per (SD run, metric): base and cell values, speedup (> 1: SD better; base / cell for latencies,
     cell / base for throughput), its 95% bootstrap CI (latencies: matched requests resampled; throughput:
     pairs of windows resampled), n (units), verdict ("SD pays" / "SD loses" when the CI excludes 1, else "within
-    noise"), same_output (share of matched requests whose tokens are equal in both arms; greedy decoding)."""
+    noise"), same_output (share of matched requests whose tokens are equal in both arms; greedy decoding);
+    replicates=True keeps the bootstrap replicates of the speedup (column `replicates`)."""
     r, w = _load(gpu, study)
     rows = []
     for run_id, g in r[r["k"] > 0].groupby("run_id", sort=False):
@@ -135,7 +137,7 @@ def paired(gpu: str, study: str = "serving") -> pd.DataFrame:
                 "CI needs >= 2 units"
             rows.append({**{k: first[k] for k in KEYS if k in g}, "metric": metric, "what": what,
                          "base": base, "cell": cell, "speedup": est, "ci_lo": lo, "ci_hi": hi, "n": n,
-                         "verdict": verdict, "same_output": same})
+                         "verdict": verdict, "same_output": same, "replicates": reps})
     if not rows:
         raise SpecdecError(f"study '{study}' on profile '{gpu}' has no paired SD serve cells")
     return pd.DataFrame(rows)

@@ -137,15 +137,15 @@ def _add(a: dict, b: dict) -> dict:
             "num_accepted_tokens_per_pos": [x + y for x, y in zip(pa, pb)]}
 
 
-def run_cell(servers: dict, cfg: dict, cell: dict, plist: list[dict]):
+def run_cell(arms: "Arms", cfg: dict, cell: dict, plist: list[dict]):
     """Every window of a cell: (request rows, window rows, acceptance summary of the cell arm)."""
     st = Study.from_dict(cfg)
     reqs, wins = [], []
     total = {**dict.fromkeys(vllm_runner.COUNTERS.values(), 0), "num_accepted_tokens_per_pos": []}
     idx = 0
     for pair in range(st.serving.pairs):
-        for arm in (pairing.order(pair) if len(servers) > 1 else ("cell",)):
-            rows, row, d = window(servers[arm], arm, cfg, cell, pair, idx, plist)
+        for arm in (pairing.order(pair) if "base" in arms.kwargs else ("cell",)):
+            rows, row, d = window(arms.server(arm), arm, cfg, cell, pair, idx, plist)
             reqs += rows
             wins.append(row)
             idx += 1
@@ -153,6 +153,29 @@ def run_cell(servers: dict, cfg: dict, cell: dict, plist: list[dict]):
                 total = _add(total, d)
     counters = {k: total[k] for k in list(vllm_runner.COUNTERS.values()) + ["num_accepted_tokens_per_pos"]}
     return reqs, wins, vllm_runner.acceptance_summary(counters)
+
+
+class Arms:
+    """The servers of one cell, by arm, started when a window needs them (Servers.get): side by side (the base
+    kept alive beside the cell's server) or, with serving.side_by_side false, one at a time (the other is
+    stopped first; pairs in A B B A order then switch servers twice per cell). `used` lists every server
+    (arm, Server) the cell ran on, in order, for its logs and meta.json."""
+
+    def __init__(self, servers: "Servers", cfg: dict, cell: dict, plist: list[dict], kwargs: dict, base: dict | None):
+        self.servers, self.cfg, self.cell, self.plist = servers, cfg, cell, plist
+        self.kwargs = {"cell": kwargs, **({"base": base} if base is not None else {})}
+        self.used: list = []
+
+    def server(self, arm: str) -> Server:
+        st = Study.from_dict(self.cfg)
+        other = [json.dumps(kw, sort_keys=True, default=str) for a, kw in self.kwargs.items() if a != arm]
+        srv = self.servers.get(self.kwargs[arm], keep=tuple(other) if st.serving.side_by_side else ())
+        if not getattr(srv, "warmed", False):
+            warm(srv, self.cfg, self.cell, self.plist)
+            srv.warmed = True
+        if not self.used or self.used[-1][1] is not srv:
+            self.used.append((arm, srv))
+        return srv
 
 
 def _pending(cfg: dict, study: str, profile: str, echo, dry_run: bool, only: str | None):
@@ -169,7 +192,6 @@ class Servers:
     def __init__(self, cfg: dict, profile: str):
         self.cfg, self.alive = cfg, {}
         self.logs = paths.build_root() / "serving-logs" / profile
-        self.start_s: dict = {}
 
     def get(self, kwargs: dict, keep: tuple = ()) -> Server:
         key = json.dumps(kwargs, sort_keys=True, default=str)
@@ -182,11 +204,8 @@ class Servers:
             log = self.logs / f"{time.strftime('%Y%m%d-%H%M%S')}-bs{kwargs['max_num_seqs']}-{name}.log"
             srv = Server(kwargs, log, vllm_runner.engine_env(self.cfg), st.serving.port)
             self.alive[key] = srv
-            self.start_s[key] = srv.start(st.serving.start_timeout_s)
+            srv.start_s = srv.start(st.serving.start_timeout_s)
         return self.alive[key]
-
-    def key(self, srv: Server) -> str:
-        return next(k for k, v in self.alive.items() if v is srv)
 
     def close(self) -> None:
         for srv in self.alive.values():
@@ -194,11 +213,14 @@ class Servers:
         self.alive.clear()
 
 
-def _copy_logs(servers: dict, folder) -> None:
+def _copy_logs(used: list, folder) -> None:
+    """Each server's log (up to now) into the run folder: server-<arm>.log, numbered when an arm restarted."""
     folder.mkdir(parents=True, exist_ok=True)
-    for arm, srv in servers.items():
+    seen: dict = {}
+    for arm, srv in used:
         if srv.log.exists():
-            shutil.copyfile(srv.log, folder / f"server-{arm}.log")
+            n = seen[arm] = seen.get(arm, 0) + 1
+            shutil.copyfile(srv.log, folder / (f"server-{arm}.log" if n == 1 else f"server-{arm}-{n}.log"))
 
 
 def _on_sigterm(signum, frame):
@@ -241,16 +263,7 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
     try:
         for i in order:
             cell, folder, kwargs, base_kwargs = runs[i]
-            arms = {}
-            if base_kwargs is not None:
-                arms["base"] = servers.get(base_kwargs)
-                arms["cell"] = servers.get(kwargs, keep=(servers.key(arms["base"]),))
-            else:
-                arms["cell"] = servers.get(kwargs, keep=tuple(k for k in servers.alive if '"speculative_config"' not in k))
-            for srv in arms.values():
-                if not getattr(srv, "warmed", False):
-                    warm(srv, cfg, cell, plist)
-                    srv.warmed = True
+            arms = Arms(servers, cfg, cell, plist, kwargs, base_kwargs)
             echo(f"{cfgmod.cell_id(cell)}: {st.serving.pairs} pair(s) of {st.serving.requests} requests at "
                  f"{cell['rate']:g}/s")
             started, load0 = time.strftime("%Y-%m-%dT%H:%M:%S%z"), os.getloadavg()
@@ -258,15 +271,16 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
             try:
                 reqs, wins, acceptance = run_cell(arms, cfg, cell, plist)
             finally:
-                _copy_logs(arms, folder)
+                _copy_logs(arms.used, folder)
             after = probe.read_gbs()
             (folder / "acceptance.json").write_text(json.dumps(acceptance, indent=2, sort_keys=True))
             meta = rawdata.run_meta(
                 study, folder, profile_name, cell, cfg, machine, "vllm", hardware.device_for(profile), started, load0,
                 versions, acceptance=acceptance, probe={"before": before, "after": after},
                 **models.weights_of(cfg["pair"]),
-                serving={"argv": {arm: s.kwargs for arm, s in arms.items()},
-                         "start_s": {arm: servers.start_s[servers.key(s)] for arm, s in arms.items()},
+                serving={"engine_args": arms.kwargs, "side_by_side": st.serving.side_by_side,
+                         "servers": [{"arm": arm, "log": srv.log.name, "start_s": srv.start_s, "port": srv.port}
+                                     for arm, srv in arms.used],
                          "env": vllm_runner.engine_env(cfg), "client": "specdec.loadgen (aiohttp, streamed)"})
             rawdata.write_run(folder, {"requests": pd.DataFrame(reqs), "windows": pd.DataFrame(wins)}, meta)
             counts["ran"] += 1

@@ -75,7 +75,9 @@ class Serving:
     cell (each pair runs the no-SD server and the cell's server on the same arrivals and prompts, in
     alternating order: pairing.py); warmup_requests per server after it starts (untimed); request_timeout_s
     per request; window_timeout_s per window (its open requests are then cancelled); start_timeout_s for a
-    server to answer /health; port: null takes a free loopback port per server, a number fixes it."""
+    server to answer /health; port: null takes a free loopback port per server, a number fixes it;
+    side_by_side: keep the no-SD server alive beside the SD server (false: one server at a time, restarted
+    when the arm changes, for machines that cannot hold both)."""
 
     requests: int = 16
     pairs: int = 2
@@ -84,6 +86,7 @@ class Serving:
     window_timeout_s: float = 1800.0
     start_timeout_s: float = 900.0
     port: int | None = None
+    side_by_side: bool = True
 
     def __post_init__(self):
         for key in ("requests", "pairs"):

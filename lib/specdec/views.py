@@ -92,9 +92,9 @@ def mode(gpu: str, study: str) -> Source:
 
 def check(gpu: str) -> list[str]:
     """One line per study; an unknown profile, or one where no study has anything to show, is a one-line error."""
-    if not any(measured(gpu, s) for s in ("batch", "acceptance", "hardware", "alternatives", "bench")):
+    if not any(measured(gpu, s) for s in ("batch", "acceptance", "hardware", "alternatives", "serving", "bench")):
         hardware.load_profile(gpu)
-    lines = [f"{s}: {mode(gpu, s).label}" for s in ("batch", "acceptance", "hardware", "alternatives",
+    lines = [f"{s}: {mode(gpu, s).label}" for s in ("batch", "acceptance", "hardware", "alternatives", "serving",
                                                      "validation", "bench", "claims")]
     if all(": NO DATA" in line for line in lines):
         raise SpecdecError(f"profile '{gpu}' has nothing to show: no raw data in data/raw/{gpu} and no "
