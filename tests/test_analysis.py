@@ -214,7 +214,7 @@ def test_claims_reject_what_the_data_contradicts(tmp_path, monkeypatch):
 
 def test_claims_on_the_fixture():
     df = claims.verdicts(GPU)
-    assert list(df["claim"]) == ["C1", "C2", "C3", "C4", "C5", "C6a", "C6b", "C7", "C8"]
+    assert list(df["claim"]) == ["C1", "C2", "C3", "C4", "C5", "C6a", "C6b", "C7", "C8", "C8s"]
     assert df["verdict"].isin(["reproduced", "not reproduced", "not measurable here"]).all()
     assert (df["reason"].str.len() > 0).all() and (df["rule"].str.len() > 0).all()
     v = df.set_index("claim")

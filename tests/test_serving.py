@@ -56,7 +56,7 @@ def _measure(root, *extra, timeout=900):
 
 def _servers_of(root) -> list[str]:
     """Command lines of live vLLM servers started for this root (their logs live under it)."""
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
     logs = root / "build" / "serving-logs"
     ports = set()
     for log in logs.rglob("*.log") if logs.exists() else []:
@@ -210,7 +210,8 @@ def test_spec_decode_counters_are_consistent(measured):
         acc = json.loads((f / "acceptance.json").read_text())
         per = acc["num_accepted_tokens_per_pos"]
         assert sum(per) == acc["num_accepted_tokens"] and all(a >= b for a, b in zip(per, per[1:]))
-        assert acc["num_draft_tokens"] == 2 * acc["num_drafts"]
+        # k=2 tokens per draft at most; vLLM trims a draft that would run past a request's max_tokens
+        assert acc["num_drafts"] <= acc["num_draft_tokens"] <= 2 * acc["num_drafts"]
 
 
 def test_no_server_outlives_the_run_and_resume_runs_nothing(measured):
@@ -242,11 +243,11 @@ def test_faults_are_one_line_and_leave_no_server(tmp_path):
         s.listen()
         root = _root(tmp_path / "port", proposers="ngram", rates="2", extra=f", port: {s.getsockname()[1]}")
         proc = _measure(root)
-    assert proc.returncode == 1 and "is in use" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.returncode == 2 and "is in use" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     # a client timeout: the run stops with one line, its folder stays partial, the next measure sets it aside
     root = _root(tmp_path / "timeout", proposers="ngram", rates="2", extra=", request_timeout_s: 0.001")
     proc = _measure(root)
-    assert proc.returncode == 1 and "timeout after 0.001 s" in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 2 and "timeout after 0.001 s" in proc.stderr, proc.stderr[-2000:]
     assert len(proc.stderr.strip().splitlines()) == 1 and _servers_of(root) == []
     assert not any(rawdata.is_complete(f) for f in (root / "raw" / "fixture" / "serving").glob("*"))
     # a server that dies mid-run (its API process killed while a window is open)
@@ -259,15 +260,27 @@ def test_faults_are_one_line_and_leave_no_server(tmp_path):
         servers = _servers_of(root)
         if len(servers) == 2 and all("Application startup complete" in p.read_text(errors="replace")
                                      for p in (root / "build" / "serving-logs").rglob("*.log")):
-            time.sleep(8)  # warm-up done, first window open (40 requests at 0.5/s take over a minute)
+            # the base server is up, so the SD server's first window is over; its last window (A B B A) is
+            # still to come: 40 requests at 0.5/s keep each window open for over a minute
             victim = next(ln for ln in _servers_of(root) if "speculative-config" in ln)
             os.kill(int(victim.split()[0]), 9)
             break
         time.sleep(1)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 1 and ("died during window" in err or "failed" in err), err[-2000:]
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 2 and "died" in err, (out[-2000:], err[-2000:])
     assert len(err.strip().splitlines()) == 1 and _servers_of(root) == []
     folder = next((root / "raw" / "fixture" / "serving").glob("srv-*"))
     assert not rawdata.is_complete(folder) and (folder / "server-cell.log").exists()
     dry = _measure(root, "--dry-run")
     assert "would set aside interrupted run" in dry.stdout
+
+
+def test_last_error_prefers_vllm_error_records(tmp_path):
+    srv = server.Server({"model": "m"}, tmp_path / "s.log", port=None)
+    srv.log.write_text("INFO 1 start\n(APIServer) ERROR 12-05 [core.py:1] EngineCore died\n"
+                       "(APIServer) WARNING 12-05 [base.py:380] ValueError: Tokenizer not available\n")
+    assert srv.last_error().endswith("EngineCore died")
+    srv.log.write_text("INFO start\nWARNING x ValueError: benign\nRuntimeError: boom\nINFO shutting down\n")
+    assert srv.last_error() == "RuntimeError: boom"
+    srv.log.unlink()
+    assert srv.last_error() == "no log"

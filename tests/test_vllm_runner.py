@@ -128,7 +128,7 @@ def test_sampling_kwargs(cfg):
 
 
 @pytest.mark.parametrize("pair, c, msg", [
-    (None, cell(mode="forward", context=256), "static cells only, not mode 'forward'"),
+    (None, cell(mode="forward", context=256), "static and serve cells only, not mode 'forward'"),
     (None, cell(mode="poisson", rate=4.0), "not mode 'poisson'"),
     (None, cell(alpha=0.5), "no synthetic acceptance"),
     (None, cell(quant="int8"), "quant 'int8'"),
@@ -336,8 +336,16 @@ def fake_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(vr, "_tokenized_prompts", lambda cfg: PLIST)
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=FakeLLM, SamplingParams=FakeParams,
                                                                    __version__="0.0-fake"))
+    monkeypatch.setattr(vr.models, "model_dir", lambda src: _model_folder(tmp_path / "models" / src.name))
     FakeLLM.instances = []
     return tmp_path
+
+
+def _model_folder(path):
+    """A converted-model folder as vLLM's arguments name it (config.json only: the fake LLM reads nothing)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text("{}")
+    return str(path)
 
 
 def test_measure_writes_the_torch_raw_format_and_resumes(fake_gpu):

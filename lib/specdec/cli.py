@@ -182,7 +182,8 @@ def _aborts() -> tuple:
 
 
 def main(argv=None) -> None:
-    """Exit codes: 0 done, 2 bad input (one line on stderr), 130 interrupted (Ctrl-C), else the command's own."""
+    """Exit codes: 0 done, 2 a one-line error on stderr (bad input, or a run that cannot go on: a server that
+    died, a request timeout), 130 interrupted (Ctrl-C), else the command's own."""
     try:
         rc = app(args=argv, standalone_mode=False)
     except KeyboardInterrupt:

@@ -141,8 +141,9 @@ class Server:
             lines = [ln.strip() for ln in self.log.read_text(errors="replace").splitlines() if ln.strip()]
         except OSError:
             return "no log"
-        errs = [ln for ln in lines if "Error" in ln or "error" in ln]
-        return (errs or lines or ["empty log"])[-1][:300]
+        logged = [ln for ln in lines if " ERROR " in ln or " CRITICAL " in ln]  # vLLM's own error records first
+        errs = [ln for ln in lines if ("Error" in ln or "error" in ln) and " WARNING " not in ln]
+        return (logged or errs or lines or ["empty log"])[-1][:300]
 
     def stop(self, grace_s: float = 20.0) -> None:
         """SIGTERM to the process group, SIGKILL after `grace_s`; safe to call twice."""

@@ -82,8 +82,8 @@ def _matched(g: pd.DataFrame) -> pd.DataFrame:
     """Cell and base rows of each (pair, rid) side by side: the same prompt sent at the same time."""
     c = g[g["arm"] == "cell"].set_index(["pair_idx", "rid"])
     b = g[g["arm"] == "base"].set_index(["pair_idx", "rid"])
-    return c[["tpot_s", "e2e_s", "ttft_s", "new_tokens", "output_ids"]].join(
-        b[["tpot_s", "e2e_s", "ttft_s", "new_tokens", "output_ids"]], lsuffix="_c", rsuffix="_b", how="inner")
+    cols = ["tpot_s", "e2e_s", "ttft_s", "new_tokens", "output_ids"]
+    return c[cols].add_suffix("_c").join(b[cols].add_suffix("_b"), how="inner")
 
 
 def _median_ratio(num: np.ndarray, den: np.ndarray, *key) -> tuple[float, np.ndarray]:
@@ -116,8 +116,8 @@ def paired(gpu: str, study: str = "serving") -> pd.DataFrame:
                 win = w[w["run_id"] == run_id]
                 c = win[win["arm"] == "cell"].set_index("pair_idx")
                 b = win[win["arm"] == "base"].set_index("pair_idx")
-                both = c[["tokens", "duration_s"]].join(b[["tokens", "duration_s"]], lsuffix="_c", rsuffix="_b",
-                                                        how="inner")
+                cols = ["tokens", "duration_s"]
+                both = c[cols].add_suffix("_c").join(b[cols].add_suffix("_b"), how="inner")
                 tc, sc = both["tokens_c"].to_numpy(float), both["duration_s_c"].to_numpy(float)
                 tb, sb = both["tokens_b"].to_numpy(float), both["duration_s_b"].to_numpy(float)
                 base, cell = tb.sum() / sb.sum(), tc.sum() / sc.sum()

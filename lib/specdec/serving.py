@@ -102,6 +102,9 @@ def window(server: Server, arm: str, cfg: dict, cell: dict, pair: int, idx: int,
     one-line SpecdecError."""
     st = Study.from_dict(cfg)
     chosen, send_at = _requests(cfg, cell, pair, plist)
+    if not server.alive():
+        raise SpecdecError(f"vLLM server ({arm} arm) died before window {idx}: {server.last_error()} "
+                           f"(log: {server.log})")
     before = _counters(server.metrics())
     rows = loadgen.run_window(server.url, _bodies(cfg, cell, server.kwargs["model"], chosen), send_at,
                               st.serving.request_timeout_s, st.serving.window_timeout_s)

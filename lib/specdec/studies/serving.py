@@ -15,7 +15,7 @@ def static(gpu: str) -> pd.DataFrame:
     want = {(c["proposer"], c["k"]) for c in cells if c["k"] > 0}
     if sp.empty or "engine" not in sp:
         return pd.DataFrame()
-    keep = [(p, k) in want for p, k in zip(sp["proposer"], sp["k"])]
+    keep = pd.Series([(p, k) in want for p, k in zip(sp["proposer"], sp["k"])], index=sp.index)
     return sp[(sp["engine"] == "vllm") & (sp["mode"] == "static") & keep].reset_index(drop=True)
 
 
