@@ -78,12 +78,15 @@ RATIOS = {  # metric: (what, higher_is_better)
 }
 
 
+def _side_by_side(df: pd.DataFrame, key: list[str], cols: list[str]) -> pd.DataFrame:
+    """The cell arm's and the base arm's `cols` on one row per `key` present in both (suffixes _c and _b)."""
+    c, b = (df[df["arm"] == arm].set_index(key)[cols] for arm in ("cell", "base"))
+    return c.add_suffix("_c").join(b.add_suffix("_b"), how="inner")
+
+
 def _matched(g: pd.DataFrame) -> pd.DataFrame:
     """Cell and base rows of each (pair, rid) side by side: the same prompt sent at the same time."""
-    c = g[g["arm"] == "cell"].set_index(["pair_idx", "rid"])
-    b = g[g["arm"] == "base"].set_index(["pair_idx", "rid"])
-    cols = ["tpot_s", "e2e_s", "ttft_s", "new_tokens", "output_ids"]
-    return c[cols].add_suffix("_c").join(b[cols].add_suffix("_b"), how="inner")
+    return _side_by_side(g, ["pair_idx", "rid"], ["tpot_s", "e2e_s", "ttft_s", "new_tokens", "output_ids"])
 
 
 def _median_ratio(num: np.ndarray, den: np.ndarray, *key) -> tuple[float, np.ndarray]:
@@ -113,11 +116,7 @@ def paired(gpu: str, study: str = "serving") -> pd.DataFrame:
         first = g.iloc[0]
         for metric, (what, higher) in RATIOS.items():
             if metric == "tok_s":
-                win = w[w["run_id"] == run_id]
-                c = win[win["arm"] == "cell"].set_index("pair_idx")
-                b = win[win["arm"] == "base"].set_index("pair_idx")
-                cols = ["tokens", "duration_s"]
-                both = c[cols].add_suffix("_c").join(b[cols].add_suffix("_b"), how="inner")
+                both = _side_by_side(w[w["run_id"] == run_id], ["pair_idx"], ["tokens", "duration_s"])
                 tc, sc = both["tokens_c"].to_numpy(float), both["duration_s_c"].to_numpy(float)
                 tb, sb = both["tokens_b"].to_numpy(float), both["duration_s_b"].to_numpy(float)
                 base, cell = tb.sum() / sb.sum(), tc.sum() / sc.sum()

@@ -97,20 +97,22 @@ def warm(server: Server, cfg: dict, cell: dict, plist: list[dict]) -> None:
             raise SpecdecError(f"warm-up request to {server.url} failed: {rows[0]['error']} (log: {server.log})")
 
 
+def _check_alive(server: Server, arm: str, when: str) -> None:
+    """A one-line SpecdecError naming the server's last error and log if its process has exited."""
+    if not server.alive():
+        raise SpecdecError(f"vLLM server ({arm} arm) died {when}: {server.last_error()} (log: {server.log})")
+
+
 def window(server: Server, arm: str, cfg: dict, cell: dict, pair: int, idx: int, plist: list[dict]):
     """One load window on one server: (request rows, window row). A dead server or a failed request is a
     one-line SpecdecError."""
     st = Study.from_dict(cfg)
     chosen, send_at = _requests(cfg, cell, pair, plist)
-    if not server.alive():
-        raise SpecdecError(f"vLLM server ({arm} arm) died before window {idx}: {server.last_error()} "
-                           f"(log: {server.log})")
+    _check_alive(server, arm, f"before window {idx}")
     before = _counters(server.metrics())
     rows = loadgen.run_window(server.url, _bodies(cfg, cell, server.kwargs["model"], chosen), send_at,
                               st.serving.request_timeout_s, st.serving.window_timeout_s)
-    if not server.alive():
-        raise SpecdecError(f"vLLM server ({arm} arm) died during window {idx}: {server.last_error()} "
-                           f"(log: {server.log})")
+    _check_alive(server, arm, f"during window {idx}")
     failed = [r["error"] for r in rows if r["error"]]
     if failed:
         raise SpecdecError(f"{len(failed)} of {len(rows)} requests of window {idx} ({arm} arm) failed, first: "
