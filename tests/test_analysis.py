@@ -7,8 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specdec import analysis, claims, rawdata
+from specdec.data import rawdata
 from specdec.errors import SpecdecError
+from specdec.report import analysis, claims
 
 GPU = "fixture"
 

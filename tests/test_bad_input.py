@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specdec import cli, config, hardware, paths, rawdata, tables, traces
+from specdec import cli, paths
+from specdec.data import config, hardware, rawdata, tables, traces
 from specdec.errors import SpecdecError
 
 ROOT = paths.root()
@@ -143,7 +144,7 @@ def test_truncated_parquet_is_reported_everywhere_and_blocks_tables(raw_copy, tm
     assert not (tmp_path / "build" / "fixture" / "tables" / "batch").exists()
     assert [f for f, _ in rawdata.scan_all("fixture", "batch")[2]] == [run]
     assert run not in rawdata.scan("fixture", "batch")[0]
-    from specdec import goals
+    from specdec.report import goals
     g0 = goals.raw_data()[0]
     assert g0["met"] == "no" and run.name in g0["detail"]
 
@@ -177,7 +178,7 @@ def test_measure_never_touches_a_corrupt_complete_run(raw_copy, monkeypatch):
 
 # -- interrupted commands, dry runs -------------------------------------------------------------------------
 def test_ctrl_c_during_measure_exits_130(monkeypatch, capsys):
-    from specdec import harness
+    from specdec.engines import harness
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
@@ -210,7 +211,7 @@ def test_dry_run_changes_nothing(tmp_path, monkeypatch):
     partial = raw / "fixture" / "batch" / f"{config.cell_id(cell)}-{config.config_hash(cfg)[:8]}"
     partial.mkdir(parents=True)
     (partial / "requests.parquet").write_bytes(b"half")
-    from specdec import harness
+    from specdec.engines import harness
     lines = []
     harness.measure("batch", "fixture", dry_run=True, echo=lines.append)
     assert partial.exists() and sorted(p.name for p in partial.parent.iterdir()) == [partial.name]

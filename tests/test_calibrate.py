@@ -5,8 +5,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specdec import calibrate, costmodel, views
-from specdec import traces as tr
+from specdec.data import traces as tr
+from specdec.model import calibrate, costmodel
+from specdec.report import views
 
 NAME = "llama3.1-8b-h100"
 
@@ -68,7 +69,8 @@ def test_the_paper_table_carries_the_calibrated_column():
 def test_costs_fitted_end_to_end_on_calibration_cells_and_validated_on_the_rest():
     """Issue 12 item 2, CPU: the cost model from the batch study's own steps (no-SD batches + named calibration
     cells); those cells never count as validation cells; the config hash ignores the list."""
-    from specdec import config, predict, tables
+    from specdec.data import config, tables
+    from specdec.report import advise
     cal = config.analysis_settings("batch", "cpu")["calibration"]
     assert cal and config.analysis_settings("batch", "h100")["calibration"] == ()
     costs = costmodel.fit_steps("cpu", cal)
@@ -80,7 +82,7 @@ def test_costs_fitted_end_to_end_on_calibration_cells_and_validated_on_the_rest(
     pts = costs.fits["target"].points
     at1 = pts[(pts["batch"] == 1) & (pts["query"] == 1)]
     assert float(np.median(at1["fitted_s"])) == pytest.approx(measured, rel=0.15)
-    val = predict.validate("cpu")
+    val = advise.validate("cpu")
     assert not any(costmodel.matches(r, cal) for r in val["run_id"]) and len(val) >= 5
     assert np.isfinite(val.attrs["mape"]) and val.attrs["cost_source"].startswith("FITTED END TO END")
     cfg = config.load_study("batch", "cpu")
@@ -91,9 +93,9 @@ def test_costs_fitted_end_to_end_on_calibration_cells_and_validated_on_the_rest(
 
 def test_validation_intervals_resample_costs_and_acceptance():
     """Issue 12 item 3: the interval advise would give, checked against held-out cells (goal G14)."""
-    from specdec import predict
-    v = predict.validate("cpu", n_boot=20)
+    from specdec.report import advise
+    v = advise.validate("cpu", n_boot=20)
     assert (v["pred_lo"] <= v["pred_hi"]).all() and (v["pred_hi"] > v["pred_lo"]).any()
     assert 0 <= v.attrs["coverage"] <= 1
     assert v.attrs["coverage"] == pytest.approx(v["covered"].mean())
-    assert "pred_lo" not in predict.validate("cpu")  # n_boot=0: no interval, no cost
+    assert "pred_lo" not in advise.validate("cpu")  # n_boot=0: no interval, no cost

@@ -3,9 +3,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specdec import costmodel
-from specdec.costmodel import CostModel, LinearCost
 from specdec.errors import SpecdecError
+from specdec.model import costmodel
+from specdec.model.costmodel import CostModel, LinearCost
 
 A, B, C = 2e-3, 5e-4, 1e-6  # s, s/token, s/KV token
 
@@ -111,7 +111,7 @@ def test_resample_fitted_without_residuals_is_stable_and_prior_varies_in_range()
 def test_attention_term_is_recovered_and_wins_cross_validation():
     """Forwards whose cost has an attention part (new tokens x context) are fitted by the e term, and the
     leave-one-out error says the form without it misfits; on data without that part the term stays ~0."""
-    from specdec.costmodel import LinearCost, fit_linear, loo_rel_rmse
+    from specdec.model.costmodel import LinearCost, fit_linear, loo_rel_rmse
 
     rows = [{"batch": b, "query": q, "context": c} for b in (1, 4, 16, 64) for q in (1, 2, 4, 7) for c in (128, 512)]
     grid = pd.DataFrame(rows)

@@ -14,7 +14,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from specdec import paths, traces
+from specdec import paths
+from specdec.data import traces
 
 PROFILE = "ci-device"
 SHRINK = {"batch": lambda v: [b for b in v if b <= 2] or v[:1], "context": lambda v: [16],

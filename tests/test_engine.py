@@ -4,9 +4,9 @@ import pytest
 import torch
 from scipy import stats
 
-from specdec.engine import GenConfig, Sequence, SpecEngine, generate
+from specdec.data.models import load_pair
+from specdec.engines.engine import GenConfig, Sequence, SpecEngine, generate
 from specdec.errors import SpecdecError
-from specdec.models import load_pair
 
 PAD = 258
 
@@ -189,7 +189,7 @@ def test_draft_proposer_needs_draft(pair):
 def test_hf_assisted_generation_runs_at_the_cells_k(pair, k):
     """The bench compares our SD at k with HF assisted generation at the same k: the assistant must draft
     exactly k tokens per round (its own generation_config defaults would draft up to 20)."""
-    from specdec import harness
+    from specdec.engines import harness
 
     calls = []
     for name, model in (("T", pair.target), ("D", pair.draft)):

@@ -5,8 +5,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specdec import analysis, fidelity, models
+from specdec.data import models
 from specdec.errors import SpecdecError
+from specdec.report import analysis, fidelity
 
 T, D = models.read_bytes("qwen2.5-coder-1.5b/0.5b")
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from specdec import analysis, claims, config, costmodel, models, views
+from specdec.data import config, models
+from specdec.model import costmodel
+from specdec.report import analysis, claims, views
 
 
 def test_warm_up_drops_each_runs_first_timed_batches_in_time_order():

@@ -6,9 +6,10 @@ import sys
 import pandas as pd
 import pytest
 
-from specdec import config, harness, rawdata
+from specdec.data import config, rawdata
+from specdec.data.models import pair_spec
+from specdec.engines import harness
 from specdec.errors import SpecdecError
-from specdec.models import pair_spec
 
 
 @pytest.fixture
@@ -138,7 +139,7 @@ def test_bad_config_is_one_line_exit_2(tmp_path, text, msg):
 def test_unknown_pair_and_missing_model_package(monkeypatch, tmp_path):
     with pytest.raises(SpecdecError, match="unknown model pair"):
         pair_spec("gpt-5/gpt-4")
-    from specdec import models
+    from specdec.data import models
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(SpecdecError, match="is not installed"):

@@ -2,8 +2,9 @@
 import numpy as np
 import pytest
 
-from specdec import config, ngram
-from specdec import vllm_runner as vr
+from specdec.data import config
+from specdec.engines import ngram
+from specdec.engines import vllm_runner as vr
 from specdec.errors import SpecdecError
 
 

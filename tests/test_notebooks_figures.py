@@ -9,10 +9,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from specdec import figures, paths
+from specdec import paths, studies
 
 NOTEBOOKS = Path(paths.root()) / "notebooks"
-STUDIES = list(figures.OUTPUTS)
+STUDIES = list(studies.OUTPUTS)
 CHECK = "# NBVAL_CHECK_OUTPUT"
 
 
@@ -49,7 +49,7 @@ def test_notebook_writes_its_figures_and_tables(stem, tmp_path, monkeypatch):
     done = os.environ.get("SPECDEC_NOTEBOOK_OUTPUTS")
     if done:
         figs, build = Path(done) / "figures", Path(done) / "build"
-        assert (figs / "fixture").is_dir() or not figures.OUTPUTS[stem]["figures"], f"nbval wrote nothing to {figs}"
+        assert (figs / "fixture").is_dir() or not studies.OUTPUTS[stem]["figures"], f"nbval wrote nothing to {figs}"
     else:
         papermill = pytest.importorskip("papermill")
         figs, build = tmp_path / "figures", tmp_path / "build"
@@ -59,7 +59,7 @@ def test_notebook_writes_its_figures_and_tables(stem, tmp_path, monkeypatch):
         papermill.execute_notebook(str(NOTEBOOKS / f"{stem}.ipynb"), str(tmp_path / f"{stem}.out.ipynb"),
                                    parameters={"gpu": "fixture"}, kernel_name="python3", cwd=str(NOTEBOOKS),
                                    progress_bar=False)
-    want = figures.OUTPUTS[stem]
+    want = studies.OUTPUTS[stem]
     for name in want["figures"]:
         for ext in ("png", "pdf"):
             f = figs / "fixture" / f"{name}.{ext}"
@@ -70,10 +70,10 @@ def test_notebook_writes_its_figures_and_tables(stem, tmp_path, monkeypatch):
         assert (build / "fixture" / name).is_file(), f"missing {name}"
     if done:  # one folder for all notebooks: what carries this stem's prefix must be exactly its list
         made = {p.stem for p in (figs / "fixture").glob("*.png") if p.stem == stem or p.stem.startswith(stem + "-")}
-        assert made == set(want["figures"]), "figures.OUTPUTS lists exactly what the notebook writes"
+        assert made == set(want["figures"]), "studies.OUTPUTS lists exactly what the notebook writes"
     else:
         made = {p.stem for p in (figs / "fixture").glob("*.png")}
-        assert made == set(want["figures"]), "figures.OUTPUTS lists exactly what the notebook writes"
+        assert made == set(want["figures"]), "studies.OUTPUTS lists exactly what the notebook writes"
         assert all(n.startswith(stem) for n in made), "figure names start with the study stem"
 
 
@@ -82,5 +82,5 @@ def test_no_notebook_writes_an_unlisted_figure():
     if not done:
         pytest.skip("checked per notebook when the notebooks are executed here")
     made = {p.stem for p in (Path(done) / "figures" / "fixture").glob("*.png")}
-    listed = {n for o in figures.OUTPUTS.values() for n in o["figures"]}
+    listed = {n for o in studies.OUTPUTS.values() for n in o["figures"]}
     assert made == listed

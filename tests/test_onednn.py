@@ -4,11 +4,13 @@ import shutil
 import pytest
 import torch
 
-from specdec import config, harness, onednn, paths, rawdata
-from specdec.engine import GenConfig, generate
+from specdec import paths
+from specdec.data import config, rawdata
+from specdec.data.models import load_pair
+from specdec.data.spec import Study
+from specdec.engines import harness, onednn
+from specdec.engines.engine import GenConfig, generate
 from specdec.errors import SpecdecError
-from specdec.models import load_pair
-from specdec.spec import Study
 
 PAD = 258
 

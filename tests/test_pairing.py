@@ -6,8 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specdec import analysis, harness, pairing, rawdata
-from specdec.spec import Cell, Study
+from specdec.data import rawdata
+from specdec.data.spec import Cell, Study
+from specdec.engines import harness, pairing
+from specdec.report import analysis
 
 
 def test_order_alternates_from_pair_to_pair():

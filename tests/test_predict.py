@@ -5,10 +5,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specdec import acceptance, cli, costmodel, predict, rawdata
-from specdec.acceptance import AcceptanceModel, Trace
-from specdec.costmodel import CostModel, LinearCost
+from specdec import cli
+from specdec.data import rawdata
 from specdec.errors import SpecdecError
+from specdec.model import acceptance, costmodel, predict
+from specdec.model.acceptance import AcceptanceModel, Trace
+from specdec.model.costmodel import CostModel, LinearCost
+from specdec.report import advise
 
 TARGET = LinearCost(2e-3, 5e-5, 1e-7)
 
@@ -222,7 +225,7 @@ def test_advise_without_traces_anywhere_is_one_line(capsys, tmp_path, monkeypatc
 
 # -- validate -----------------------------------------------------------------------------------------
 def test_validate_fixture_runs():
-    df = predict.validate("fixture")
+    df = advise.validate("fixture")
     # the torch engine's SD cells: k 2, 4 at bs 1-8 and n-gram k 2 at bs 1, 4
     assert len(df) == 10 and set(df["proposer"]) == {"draft", "ngram"}
     assert {"predicted", "measured", "abs_pct_err"} <= set(df.columns)
@@ -277,22 +280,22 @@ def test_validate_recovers_a_synthetic_world(tmp_path, monkeypatch):
                     for g in range(300) for i in range(bs)]
             _write(tmp_path, "batch", f"bs{bs}-k{k}", dict(base, batch=bs, k=k, proposer="draft" if k else "none"),
                    {"batches": pd.DataFrame(groups), "requests": pd.DataFrame(reqs)})
-    df = predict.validate("fixture")
+    df = advise.validate("fixture")
     assert len(df) == 2 and df.attrs["mape"] < 3
     assert df["predicted_step_s"].to_numpy() == pytest.approx(df["measured_step_s"].to_numpy(), rel=1e-6)
     assert (df["predicted"] != df["predicted_steady"]).all()  # the static-batch tail is modelled
-    pooled = predict.validate("fixture", per_request=False)  # ignores that slow requests hold up a batch
+    pooled = advise.validate("fixture", per_request=False)  # ignores that slow requests hold up a batch
     assert pooled.loc[1, "predicted_steps"] < df.loc[1, "predicted_steps"]
 
 
 def test_validate_without_data_is_an_error(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_RAW", str(tmp_path))
     with pytest.raises(SpecdecError, match="no complete raw runs"):
-        predict.validate("fixture")
+        advise.validate("fixture")
 
 
 def test_policy_compare_on_fixture():
-    df = predict.policy_compare("fixture", fixed_k=4)
+    df = advise.policy_compare("fixture", fixed_k=4)
     assert set(df["policy"]) == {"off", "fixed k=4", "adaptive"}
     off = df[df["policy"] == "off"]
     assert (off["predicted"] == 1.0).all() and (off["measured"] == 1.0).all()
@@ -304,22 +307,22 @@ def test_policy_compare_on_fixture():
 
 def test_advise_says_how_sure_it_is():
     """Issue 12 item 4: the cost source's kind, its validation error where one exists, the nearest measured cell."""
-    from specdec import predict as P
-    cpu = P.advise("qwen2.5-coder-1.5b/0.5b", "cpu", 4, k=3, n_boot=0).certainty
+    from specdec.report import advise
+    cpu = advise.advise("qwen2.5-coder-1.5b/0.5b", "cpu", 4, k=3, n_boot=0).certainty
     assert cpu.startswith("cost source: end to end on this profile's batch-study steps") and "held-out" in cpu
     assert "nearest measured cell(s): bs4 k=3 draft torch" in cpu and "bs4 k=3 draft vllm" in cpu
-    h100 = P.advise("llama3.1-8b/eagle", "h100", 16, proposer="eagle", traces="llama3.1-8b-h100/cnn",
+    h100 = advise.advise("llama3.1-8b/eagle", "h100", 16, proposer="eagle", traces="llama3.1-8b-h100/cnn",
                     n_boot=0)
     assert "published coefficients" in h100.certainty and "paper's measured speedups" in h100.certainty
     assert "no measured cell on h100" in h100.certainty
     assert any(line.startswith("how sure: ") for line in h100.lines())
-    l4 = P.advise("llama3.1-8b/eagle", "l4", 16, proposer="eagle", traces="llama3.1-8b-h100/cnn", n_boot=0)
+    l4 = advise.advise("llama3.1-8b/eagle", "l4", 16, proposer="eagle", traces="llama3.1-8b-h100/cnn", n_boot=0)
     assert "roofline prior" in l4.certainty and "not validated" in l4.certainty
 
 
 def test_the_decision_map_inverts_acceptance_and_places_measured_cells():
     """Issue 12 item 5: predicted speedup over batch x alpha, break-even, measured cells at their implied alpha."""
-    from specdec import analysis, views
+    from specdec.report import analysis, views
     for a, k in ((0.0, 3), (0.5, 3), (0.8, 1), (0.9, 6)):
         assert views._iid_alpha(analysis.iid_tokens_per_step(a, k), k) == pytest.approx(a, abs=1e-6)
     assert np.isnan(views._iid_alpha(5.0, 3))  # more than k+1 tokens per step: no alpha

@@ -17,9 +17,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specdec import config, loadgen, paths, rawdata, server
+from specdec import paths
+from specdec.data import config, rawdata
+from specdec.data.spec import Study
+from specdec.engines import loadgen, server
 from specdec.errors import SpecdecError
-from specdec.spec import Study
 
 GRID = """\
 description: serving end-to-end test
@@ -85,7 +87,7 @@ def test_parse_metrics_reads_counters_and_per_position_labels():
             'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="/m",position="0"} 4.0\n'
             'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="/m",position="1"} 1.0\n'
             'vllm:generation_tokens_total{engine="0"} 30\nbroken line\n')
-    from specdec import serving
+    from specdec.engines import serving
     c = serving._counters(server.parse_metrics(text))
     assert (c["num_drafts"], c["num_draft_tokens"], c["num_accepted_tokens"]) == (7, 14, 5)
     assert c["num_accepted_tokens_per_pos"] == [4, 1] and c["generation_tokens"] == 30
@@ -225,7 +227,8 @@ def test_tables_and_study_read_the_served_runs(measured, monkeypatch):
     for key, val in _env(measured).items():
         if key.startswith("SPECDEC_"):
             monkeypatch.setenv(key, val)
-    from specdec import servestats, tables
+    from specdec.report import servestats
+    from specdec.data import tables
     lat = servestats.latency("fixture")
     assert len(lat) == 8 and set(lat["arm"]) == {"cell", "base"}
     assert (lat["tpot_s_p50"] > 0).all() and (lat["tpot_s_p50"] <= lat["tpot_s_p99"]).all()

@@ -1,9 +1,9 @@
 """Typed study configs: defaults in one place, misspelt keys refused, the cell arithmetic both engines use."""
 import pytest
 
-from specdec import config
+from specdec.data import config
+from specdec.data.spec import Cell, Study
 from specdec.errors import SpecdecError
-from specdec.spec import Cell, Study
 
 
 def test_misspelt_keys_are_one_line_errors():
@@ -38,3 +38,29 @@ def test_requests_and_timed_repeats(batch, requests, min_requests, repeats, min_
     cell = Cell(batch=batch, k=0, requests=requests)
     assert st.requests_per_cell(cell) == n_req
     assert st.timed_repeats(cell) == timed
+
+
+def test_one_proposer_registry_drives_every_engine_and_model():
+    """Issue 14: a proposer is registered once (spec.PROPOSERS); the engines, vLLM's config, the cost model and
+    the trace replay read it."""
+    from specdec.data import traces
+    from specdec.data.spec import PROPOSERS, proposer_names
+    from specdec.engines import harness, vllm_runner
+    from specdec.engines.engine import GenConfig
+    from specdec.model import costmodel, predict
+
+    assert vllm_runner.PROPOSERS == proposer_names("vllm") and predict.PROPOSERS == proposer_names(predicted=True)
+    for name in proposer_names("torch"):
+        GenConfig(max_new_tokens=4, k=2, proposer=name).validate()
+    with pytest.raises(SpecdecError, match="unknown proposer 'eagle3'"):
+        GenConfig(max_new_tokens=4, k=2, proposer="eagle3").validate()  # vLLM only
+    for p in PROPOSERS.values():
+        assert p.vllm_method is None or p.vllm_method in vllm_runner.VLLM_METHODS
+        assert p.traced_as is None or p.traced_as in traces.PROPOSERS
+        assert harness.TRACE_PROPOSER.get(p.name) == p.traced_as
+    costs = costmodel.CostModel("fixture", "tiny", "test", costmodel.LinearCost(1e-3, 1e-4, 0),
+                                costmodel.LinearCost(1e-4, 1e-5, 0))
+    for name in proposer_names(predicted=True):
+        assert costs.draft_s(1, 3, 100, name) >= 0
+    with pytest.raises(SpecdecError, match="unknown proposer 'none'"):
+        costs.draft_s(1, 3, 100, "none")

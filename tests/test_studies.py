@@ -1,7 +1,11 @@
-"""Study modules: tables computed once, figures drawn from the tables alone (and re-drawn from saved CSVs)."""
+"""Study modules: tables computed once, figures drawn from the tables alone (and re-drawn from saved CSVs);
+each study declared once (its module), everything else derived or checked against it."""
+import re
+from pathlib import Path
+
 import pytest
 
-from specdec import figures, studies
+from specdec import studies
 from specdec.errors import SpecdecError
 
 
@@ -15,13 +19,13 @@ def roots(tmp_path, monkeypatch):
 @pytest.mark.parametrize("stem", ["batch", "bench"])
 def test_saved_tables_redraw_the_same_figures(roots, stem):
     out = studies.compute(stem, "fixture")
-    assert list(out.tables) == figures.OUTPUTS[stem]["tables"]
+    assert list(out.tables) == studies.OUTPUTS[stem]["tables"]
     out.save()
     again = studies.Outputs.load(stem, "fixture")
     assert list(again.tables) == list(out.tables) and again.notes == out.notes
     first = studies.draw(out)
     drawn = studies.redraw("fixture", [stem], echo=lambda _m: None)
-    assert drawn == list(first) == figures.OUTPUTS[stem]["figures"]
+    assert drawn == list(first) == studies.OUTPUTS[stem]["figures"]
     for name in drawn:
         assert (roots / "figures" / "fixture" / f"{name}.png").stat().st_size > 1000
     # the reloaded tables draw the same axes (same lines and labels) as the computed ones
@@ -38,3 +42,37 @@ def test_redraw_without_saved_tables_says_what_to_run(roots):
 def test_unknown_study(roots):
     with pytest.raises(SpecdecError, match="unknown study"):
         studies.compute("nope", "fixture")
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _makefile_reads() -> dict:
+    """{stem: set of raw studies} from the Makefile's notebook rules ($(call raw,X); $(STATE)/all.runs -> all)."""
+    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    reads = {}
+    for stem, deps in re.findall(r"^\$\(BUILD\)/notebooks/([a-z]+)\.ipynb:(.*)$", text, re.M):
+        found = set(re.findall(r"\$\(call raw,([a-z]+)\)", deps)) | ({"all"} if "$(STATE)/all.runs" in deps else set())
+        reads[stem] = reads.get(stem, set()) | found
+    return reads
+
+
+def test_each_study_is_declared_once_and_the_rest_follows():
+    stems = set(studies.STEMS)
+    assert stems == {p.stem for p in (ROOT / "notebooks").glob("*.ipynb")}, "one notebook per study module"
+    assert {p.stem for p in (ROOT / "configs").glob("*.yaml")} <= stems, "every measured study has a module"
+    assert _makefile_reads() == {s: set(studies.module(s).READS) for s in stems}, "Makefile prerequisites = READS"
+    for stem in stems:
+        mod = studies.module(stem)
+        names = [*mod.TABLES, *mod.FIGURES, *mod.FILES]
+        assert names and all(n.startswith(stem) for n in names), stem
+        assert set(mod.READS) <= stems | {"all"}
+
+
+def test_the_makefile_check_sees_a_missing_prerequisite(monkeypatch):
+    real = _makefile_reads()
+    assert real["serving"] == {"serving", "batch"} and real["goals"] == {"all"}
+    text = (ROOT / "Makefile").read_text().replace("$(BUILD)/notebooks/serving.ipynb: $(call raw,serving) ",
+                                                     "$(BUILD)/notebooks/serving.ipynb: ")
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: text)
+    assert _makefile_reads()["serving"] == {"batch"}

@@ -7,8 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specdec import analysis, rawdata, tables
+from specdec.data import rawdata, tables
 from specdec.errors import SpecdecError
+from specdec.report import analysis
 
 CELL = {"mode": "static", "batch": 2, "k": 3, "proposer": "ngram", "temperature": 0.0, "alpha": None,
         "quant": "none", "rate": None, "context": None, "requests": None}

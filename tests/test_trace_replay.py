@@ -12,8 +12,10 @@ import pandas as pd
 import pytest
 import torch
 
-from specdec import config, engine, models, paths, traces
-from specdec.engine import GenConfig, generate
+from specdec import paths
+from specdec.data import config, models, traces
+from specdec.engines import engine
+from specdec.engines.engine import GenConfig, generate
 from specdec.errors import SpecdecError
 
 PAPER = "llama3.1-8b-h100"

@@ -6,11 +6,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specdec import acceptance, claims, cli, costmodel, predict, replay, views
-from specdec import traces as tr
-from specdec.costmodel import CostModel, DraftStepCost, LinearCost
+from specdec import cli
+from specdec.data import traces as tr
+from specdec.engines.vllm_runner import check_speculative_config
 from specdec.errors import SpecdecError
-from specdec.vllm_runner import check_speculative_config
+from specdec.model import acceptance, costmodel, predict, replay
+from specdec.model.costmodel import CostModel, DraftStepCost, LinearCost
+from specdec.report import advise
+from specdec.report import claims, views
 
 PAPER = tr.PAPER["name"]
 
@@ -174,12 +177,12 @@ def test_advise_on_the_papers_traces_prints_a_config_vllm_accepts(capsys, propos
 
 def test_advise_at_a_batch_where_sd_loses_prints_no_config(capsys):
     costs = CostModel("h100", "llama3.1-8b/eagle", "published", LinearCost(1e-3, 1e-3, 0), DraftStepCost(1, 0, 0))
-    adv = predict.advise("llama3.1-8b/eagle", "h100", 64, traces=f"{PAPER}/gsm8k", proposer="eagle", n_boot=0)
+    adv = advise.advise("llama3.1-8b/eagle", "h100", 64, traces=f"{PAPER}/gsm8k", proposer="eagle", n_boot=0)
     assert adv.best_k >= 0
     pred = predict.speedup(costs, acceptance.ReplayAcceptance.from_trace_set(tr.load(PAPER, "gsm8k", "eagle"), 3),
                            64, 3, 500, "eagle")
     assert pred < 1  # a draft step of 1 s never pays
-    adv0 = predict.Advice("p", "h100", 64, 500, False, 3, True, 0, adv.prediction, 1, None, (None, None),
+    adv0 = advise.Advice("p", "h100", 64, 500, False, 3, True, 0, adv.prediction, 1, None, (None, None),
                           costs, adv.acc, None, "eagle")
     assert any("without --speculative-config" in line for line in adv0.lines())
 
@@ -249,7 +252,7 @@ def test_claims_on_h100_are_predicted_and_say_so():
 
 def test_predicted_tables_are_labelled_in_figures():
     import matplotlib.pyplot as plt
-    from specdec import figures
+    from specdec.report import figures
     src = views.mode("h100", "batch")
     fig = figures.stamp(figures.batch_speedup(views.speedup("h100"), "h100"), src)
     assert fig.axes[0].get_title().endswith("[predicted]")
@@ -268,8 +271,8 @@ def test_gpu_install_does_not_pin_the_cpu_torch():
 
 
 def test_every_hub_draft_model_pair_shares_its_vocabulary():
-    from specdec import models
-    from specdec.vllm_runner import speculative_config
+    from specdec.data import models
+    from specdec.engines.vllm_runner import speculative_config
     for name, spec in models.PAIRS.items():
         if spec.hub_draft and "eagle" not in spec.hub_draft.lower():
             assert spec.vocab and spec.vocab[0] == spec.vocab[1], name
@@ -285,7 +288,7 @@ def test_every_hub_draft_model_pair_shares_its_vocabulary():
     ({"cuda": False, "cpu": "Intel(R) Xeon(R) Processor", "cores": 8, "cpu_flags": ["amx_bf16"]}, False),
 ])
 def test_cpu_profiles_refuse_another_cpu(machine, ok):
-    from specdec import hardware
+    from specdec.data import hardware
     prof = hardware.load_profile("cpu-bf16")
     if ok:
         hardware.check_machine(prof, machine)

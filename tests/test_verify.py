@@ -1,7 +1,7 @@
 """The verifier is a pure function of logits and proposals."""
 import torch
 
-from specdec import verify
+from specdec.engines import verify
 
 
 def _logits(best: list[list[int]], vocab: int = 8) -> torch.Tensor:

@@ -13,7 +13,9 @@ import sys
 import pandas as pd
 import pytest
 
-from specdec import fidelity, paths, rawdata, tables
+from specdec import paths
+from specdec.data import rawdata, tables
+from specdec.report import fidelity
 
 pytest.importorskip("vllm")
 

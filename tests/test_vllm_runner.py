@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 import pandas as pd
 import pytest
 
-from specdec import cli, config, hardware, models, rawdata
-from specdec import vllm_runner as vr
+from specdec import cli
+from specdec.data import config, hardware, models, rawdata
+from specdec.engines import vllm_runner as vr
 from specdec.errors import SpecdecError
 
 

@@ -29,17 +29,17 @@ def measure(study: str = typer.Option(..., help="study stem, e.g. batch (configs
         raise SpecdecError(f"--budget-s must be > 0 (seconds), got {budget_s}")
     if budget_s is not None and engine != "torch":
         raise SpecdecError("--budget-s is a torch-engine option")
-    from . import config as cfgmod
+    from .data import config as cfgmod
     serve = cfgmod.is_serving(cfgmod.load_study(study, None))
     if serve and engine != "vllm":
         raise SpecdecError(f"study '{study}' runs vLLM's server (mode serve): use --engine vllm (make measure "
                            f"ENGINE=vllm)")
     if serve:
-        from . import serving as runner
+        from .engines import serving as runner
     elif engine == "vllm":
-        from . import vllm_runner as runner
+        from .engines import vllm_runner as runner
     else:
-        from . import harness as runner
+        from .engines import harness as runner
     extra = {"budget_s": budget_s} if budget_s is not None else {}
     res = runner.measure(study, gpu, limit=limit, dry_run=dry_run, echo=typer.echo, only=only, **extra)
     extra = f"; {res['unsupported']} unsupported by {engine}" if res.get("unsupported") else ""
@@ -51,7 +51,7 @@ def device_run(gpu: str = typer.Option(..., help="hardware profile of the lent m
                out: str = typer.Option(..., help="folder the call brings back (the device tool's $OUT)"),
                budget_s: float = typer.Option(420, "--budget-s", help="seconds for measuring and packing")):
     """One device call: hardware then batch study within the budget; complete runs packed into OUT."""
-    from . import devicerun
+    from .engines import devicerun
     if not budget_s > 0:
         raise SpecdecError(f"--budget-s must be > 0 (seconds), got {budget_s}")
     rep = devicerun.run(gpu, out, budget_s, echo=typer.echo)
@@ -61,13 +61,14 @@ def device_run(gpu: str = typer.Option(..., help="hardware profile of the lent m
 @app.command("device-unpack")
 def device_unpack(archive: str = typer.Argument(..., help="a <gpu>-runs.tar.gz a device call brought back")):
     """Add a device call's runs to data/raw (existing runs are never overwritten)."""
-    from . import devicerun
+    from .engines import devicerun
     typer.echo(f"{devicerun.unpack(archive, echo=typer.echo)} new run(s)")
 
 
 def _known_profile(gpu: str) -> None:
     """A profile with a yaml or with raw runs (imported runs may come without a yaml); else a one-line error."""
-    from . import hardware, paths
+    from .data import hardware
+    from . import paths
     if gpu not in hardware.profile_names() and not (paths.raw_root() / gpu).is_dir():
         hardware.load_profile(gpu)  # raises: unknown hardware profile ...; known: ...
 
@@ -75,7 +76,7 @@ def _known_profile(gpu: str) -> None:
 @app.command()
 def status(gpu: str = typer.Option(None, help="profile to list (default: all)")):
     """List complete, partial and corrupt raw runs (exit 1 when any run is corrupt)."""
-    from . import rawdata
+    from .data import rawdata
     if gpu is not None:
         _known_profile(gpu)
     complete, partial, bad = rawdata.scan_all(gpu)
@@ -104,8 +105,8 @@ def advise(pair: str = typer.Option(..., help="model pair, e.g. qwen2.5-coder-1.
            prompt_tokens: float = typer.Option(None, help="with --prefill: prompt tokens per request"),
            output_tokens: float = typer.Option(None, help="with --prefill: output tokens per request")):
     """Recommend SD or not: best k, predicted speedup with 90% interval, break-even acceptance, vLLM config."""
-    from . import predict
-    adv = predict.advise(pair, gpu, batch, k=k, traces=traces, context=context, proposer=proposer,
+    from .report.advise import advise as advice
+    adv = advice(pair, gpu, batch, k=k, traces=traces, context=context, proposer=proposer,
                          prefill=prefill, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
     for line in adv.lines():
         typer.echo(line)
@@ -117,7 +118,7 @@ def import_traces(source: str = typer.Option(..., help="folder with combined_<da
                   name: str = typer.Option(None, help="collection name under data/traces (default: the paper's)"),
                   held_out: str = typer.Option(None, help="comma-separated held-out datasets (default: the paper's)")):
     """Convert per-position acceptance traces (the paper's simulator format, read as-is) into data/traces/NAME."""
-    from . import traces as tr
+    from .data import traces as tr
     p = tr.PAPER
     out = tr.import_paper(source, name or p["name"], (held_out.split(",") if held_out else p["held_out"]),
                           p["pair"], p["profile"], p["match_prob"], p["source"], p["licence"], echo=typer.echo,
@@ -129,7 +130,7 @@ def import_traces(source: str = typer.Option(..., help="folder with combined_<da
 def tables_cmd(gpu: str = typer.Option(..., help="hardware profile"),
                study: list[str] = typer.Option(None, help="study stem (repeatable; default: every study with raw runs)")):
     """Normalise GPU's raw runs (both engines) into build/GPU/tables/STUDY/*.parquet; unchanged ones are kept."""
-    from . import tables
+    from .data import tables
     _known_profile(gpu)
     for manifest in tables.write(gpu, study or None, echo=typer.echo):
         typer.echo(f"up to date: {manifest.parent}")
@@ -146,7 +147,7 @@ def figures_cmd(gpu: str = typer.Option(..., help="hardware profile"),
 @app.command()
 def sources(gpu: str = typer.Option(..., help="hardware profile")):
     """Say, study by study, whether GPU's figures are measured, predicted, or impossible; exit 2 if none."""
-    from . import views
+    from .report import views
     for line in views.check(gpu):
         typer.echo(line)
 

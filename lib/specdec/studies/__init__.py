@@ -6,28 +6,41 @@ figures/<gpu>/<stem>-*): each says which tables the study computes and which fig
   Outputs.save() writes build/<gpu>/<name>.csv and build/<gpu>/<stem>-notes.json;
   Outputs.load(stem, gpu) reads them back, so `specdec figures --gpu G` re-draws without recomputing.
 
-A study module defines SOURCE (the study whose views.mode labels its figures, or None), tables(gpu) ->
-({name: DataFrame}, {name: note}), figures(outputs) -> {name: Figure} (figures.py functions on the tables
-only) and optionally files(outputs) -> {filename: text}. figures.OUTPUTS lists what each study writes.
+A study is declared once, in its module: SOURCE (the study whose views.mode labels its figures, or None),
+TABLES, FIGURES and FILES (what its notebook writes), READS (the raw studies its notebook reads: the Makefile's
+prerequisites, checked by tests/test_studies.py), tables(gpu) -> ({name: DataFrame}, {name: note}),
+figures(outputs) -> {name: Figure} (report/figures.py functions on the tables only) and optionally
+files(outputs) -> {filename: text}. STEMS (the modules here) and OUTPUTS derive from them.
 """
 from __future__ import annotations
 
 import importlib
 import json
+import pkgutil
 from dataclasses import dataclass, field
 
 import pandas as pd
 
-from .. import figures, views
 from ..errors import SpecdecError
+from ..report import figures, views
 
-STEMS = ("batch", "acceptance", "hardware", "alternatives", "serving", "validation", "bench", "claims", "goals")
+STEMS = tuple(sorted(m.name for m in pkgutil.iter_modules(__path__)))  # one module per study
 
 
 def module(stem: str):
     if stem not in STEMS:
         raise SpecdecError(f"unknown study '{stem}'; known: {', '.join(STEMS)}")
     return importlib.import_module(f"{__name__}.{stem}")
+
+
+def _outputs(stem: str) -> dict:
+    mod = module(stem)
+    return {"figures": list(mod.FIGURES), "tables": list(mod.TABLES), "files": [*mod.FILES, f"{stem}-notes.json"]}
+
+
+# What each notebook (notebooks/<stem>.ipynb) writes: figures/<gpu>/<name>.{png,pdf}, build/<gpu>/<name>.csv
+# and other build/<gpu>/ files, from the study modules' declarations.
+OUTPUTS = {stem: _outputs(stem) for stem in STEMS}
 
 
 @dataclass
@@ -60,7 +73,7 @@ class Outputs:
         """The tables a previous compute().save() wrote under build/<gpu>/; a missing one is a one-line error."""
         folder = figures.build_dir(gpu)
         out = cls(stem, gpu)
-        for name in figures.OUTPUTS[stem]["tables"]:
+        for name in OUTPUTS[stem]["tables"]:
             path = folder / f"{name}.csv"
             if not path.exists():
                 raise SpecdecError(f"no saved table {path} (run `make nb-{stem} GPU={gpu}` first)")
@@ -85,9 +98,9 @@ def draw(out: Outputs) -> dict:
     """The study's figures from its tables, each stamped with where its numbers come from."""
     mod = module(out.stem)
     figs = mod.figures(out)
-    want = figures.OUTPUTS[out.stem]["figures"]
+    want = OUTPUTS[out.stem]["figures"]
     if list(figs) != want:
-        raise SpecdecError(f"study {out.stem} drew {list(figs)}, figures.OUTPUTS lists {want}")
+        raise SpecdecError(f"study {out.stem} drew {list(figs)}, its FIGURES are {want}")
     if mod.SOURCE:
         src = views.mode(out.gpu, mod.SOURCE)
         figs = {name: figures.stamp(fig, src) for name, fig in figs.items()}
@@ -106,7 +119,7 @@ def redraw(gpu: str, stems=None, echo=print) -> list[str]:
     """Re-draw the figures of each study from its saved tables (no measurement, no bootstrap)."""
     done = []
     for stem in stems or STEMS:
-        if not figures.OUTPUTS[stem]["figures"]:
+        if not OUTPUTS[stem]["figures"]:
             continue
         figs = draw(Outputs.load(stem, gpu))
         save_figures(figs, gpu, close=True)

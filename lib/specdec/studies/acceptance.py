@@ -1,8 +1,14 @@
 """Study "acceptance": per-position and per-request acceptance, real traces vs i.i.d., break-even acceptance."""
-from .. import figures as F
-from .. import views
+from ..report import figures as F
+from ..report import views
 
 SOURCE = "acceptance"
+TABLES = ("acceptance-positions", "acceptance-requests", "acceptance-summary", "acceptance-iid",
+          "acceptance-synthetic", "acceptance-breakeven")  # build/<gpu>/<name>.csv
+# figures/<gpu>/<name>.png|pdf
+FIGURES = ("acceptance-positions", "acceptance-requests", "acceptance-iid", "acceptance-breakeven")
+FILES = ()  # other build/<gpu>/ files, besides <stem>-notes.json
+READS = ("acceptance",)  # raw studies its notebook reads ("all": every profile's runs)
 
 
 def tables(gpu: str):

@@ -1,8 +1,12 @@
 """Study "alternatives": SD vs int8 quantization vs static and continuous batching."""
-from .. import analysis, views
-from .. import figures as F
+from ..report import analysis, views
+from ..report import figures as F
 
 SOURCE = "alternatives"
+TABLES = ("alternatives-compare", "alternatives-latency", "alternatives-serving")  # build/<gpu>/<name>.csv
+FIGURES = ("alternatives-compare", "alternatives-latency")  # figures/<gpu>/<name>.png|pdf
+FILES = ()  # other build/<gpu>/ files, besides <stem>-notes.json
+READS = ("alternatives",)  # raw studies its notebook reads ("all": every profile's runs)
 
 
 def tables(gpu: str):

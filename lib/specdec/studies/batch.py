@@ -1,8 +1,13 @@
 """Study "batch": SD speedup vs batch size and k under static batching (draft model and n-gram proposers)."""
-from .. import figures as F
-from .. import views
+from ..report import figures as F
+from ..report import views
 
 SOURCE = "batch"
+TABLES = ("batch-speedup", "batch-overhead", "batch-contention", "batch-engines", "batch-roofline",
+          "batch-vllm-steps")  # build/<gpu>/<name>.csv
+FIGURES = ("batch-speedup", "batch-throughput", "batch-overhead", "batch-engines")  # figures/<gpu>/<name>.png|pdf
+FILES = ()  # other build/<gpu>/ files, besides <stem>-notes.json
+READS = ("batch",)  # raw studies its notebook reads ("all": every profile's runs)
 
 
 def tables(gpu: str):

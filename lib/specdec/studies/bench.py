@@ -1,8 +1,12 @@
 """Study "bench": is our engine a fair baseline? Ours vs transformers generate / assisted generation."""
-from .. import figures as F
-from .. import views
+from ..report import figures as F
+from ..report import views
 
 SOURCE = "bench"
+TABLES = ("bench-vs-hf",)  # build/<gpu>/<name>.csv
+FIGURES = ("bench-vs-hf",)  # figures/<gpu>/<name>.png|pdf
+FILES = ()  # other build/<gpu>/ files, besides <stem>-notes.json
+READS = ("bench",)  # raw studies its notebook reads ("all": every profile's runs)
 
 
 def tables(gpu: str):

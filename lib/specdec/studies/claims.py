@@ -1,8 +1,13 @@
 """The claims verdict table: every claim of the paper (DEVELOPERS.md), decided from our data."""
-from .. import claims as C
-from .. import figures as F
+from ..report import claims as C
+from ..report import figures as F
 
 SOURCE = "claims"
+TABLES = ("claims",)  # build/<gpu>/<name>.csv
+FIGURES = ("claims-verdicts",)  # figures/<gpu>/<name>.png|pdf
+FILES = ("claims.md",)  # other build/<gpu>/ files, besides <stem>-notes.json
+# raw studies its notebook reads ("all": every profile's runs)
+READS = ("batch", "acceptance", "hardware", "alternatives", "serving", "all")
 
 
 def tables(gpu: str):

@@ -1,7 +1,11 @@
 """The goals benchmark: every stated target, its value, met or not (goals.py)."""
-from .. import goals as G
+from ..report import goals as G
 
 SOURCE = None
+TABLES = ("goals",)  # build/<gpu>/<name>.csv
+FIGURES = ()  # figures/<gpu>/<name>.png|pdf
+FILES = ("goals.md",)  # other build/<gpu>/ files, besides <stem>-notes.json
+READS = ("all",)  # raw studies its notebook reads ("all": every profile's runs)
 
 
 def tables(gpu: str):

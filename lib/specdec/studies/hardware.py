@@ -1,8 +1,14 @@
 """Study "hardware": forward-pass cost of target and draft, draft overhead per profile."""
-from .. import analysis, costmodel, fidelity, views
-from .. import figures as F
+from ..model import costmodel
+from ..report import analysis, fidelity, views
+from ..report import figures as F
 
 SOURCE = "hardware"
+TABLES = ("hardware-forward", "hardware-overhead", "hardware-profiles", "hardware-profile-status",
+          "hardware-costfit-cv", "hardware-bandwidth", "hardware-costfit")  # build/<gpu>/<name>.csv
+FIGURES = ("hardware-forward", "hardware-overhead", "hardware-profiles")  # figures/<gpu>/<name>.png|pdf
+FILES = ()  # other build/<gpu>/ files, besides <stem>-notes.json
+READS = ("hardware",)  # raw studies its notebook reads ("all": every profile's runs)
 
 
 def tables(gpu: str):

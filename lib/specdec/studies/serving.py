@@ -1,10 +1,15 @@
 """Study "serving": vLLM's OpenAI server under Poisson load, SD off vs on (serving.py, servestats.py)."""
 import pandas as pd
 
-from .. import analysis, config, servestats
-from .. import figures as F
+from ..data import config
+from ..report import analysis, servestats
+from ..report import figures as F
 
 SOURCE = "serving"
+TABLES = ("serving-latency", "serving-paired", "serving-stops", "serving-static")  # build/<gpu>/<name>.csv
+FIGURES = ("serving-curves", "serving-speedup")  # figures/<gpu>/<name>.png|pdf
+FILES = ()  # other build/<gpu>/ files, besides <stem>-notes.json
+READS = ("serving", "batch")  # raw studies its notebook reads ("all": every profile's runs)
 
 
 def static(gpu: str) -> pd.DataFrame:

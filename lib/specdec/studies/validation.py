@@ -1,8 +1,14 @@
 """Study "validation": predicted vs measured (or the paper's simulator) speedup; SD policies."""
-from .. import analysis, views
-from .. import figures as F
+from ..report import analysis, views
+from ..report import figures as F
 
 SOURCE = "validation"
+TABLES = ("validation-predicted-vs-measured", "validation-policy", "validation-paper-measured",
+          "validation-calibration", "validation-decision-map", "validation-decision-points")  # build/<gpu>/<name>.csv
+FIGURES = ("validation-predicted-vs-measured", "validation-policy", "validation-paper-measured",
+           "validation-decision-map")  # figures/<gpu>/<name>.png|pdf
+FILES = ()  # other build/<gpu>/ files, besides <stem>-notes.json
+READS = ("batch", "hardware", "acceptance")  # raw studies its notebook reads ("all": every profile's runs)
 
 
 def tables(gpu: str):

@@ -1,0 +1,473 @@
+"""Forward-pass cost model per hardware profile: seconds for one forward of the target or the draft.
+
+A forward appends `query` tokens to each of `batch` sequences that already hold `context` KV tokens; the
+cost depends on batched tokens (batch*query) and KV tokens (batch*context). Three sources, always labelled:
+
+  * "fitted": least squares on our own measurements (study "hardware", table "forwards"):
+        t = a + b * (batch*query) + c * (batch*context) + d * [batch*query > 1] + e * (batch*query*context)
+        [s, s/token, s/KV token, s, s per token-pair], all >= 0 (LinearCost),
+    fitted on the median of the repeats of each (model, batch, query, context) point, with relative
+    weights (minimises sum ((y - t)/y)^2, so small forwards count as much as big ones);
+  * "prior": a roofline from the profile's spec sheet (configs/hardware/<name>.yaml: peak_tflops,
+    mem_bw_tbs) and the pair's sizes (models.PAIRS: each pair's `sizes`), for profiles without measurements:
+        t = overhead + max((weight_bytes + kv_bytes) / (eff_mem * bw), flops / (eff_flops * peak)),
+    with the target's weight_bytes read at offload_link_tbs instead of bw on an offload profile.
+
+  * "published": coefficients given in the profile yaml (configs/hardware/<name>.yaml, key `costs`, one
+    entry per pair) with their provenance, e.g. the paper's fitted H100 model for Llama-3.1-8B + EAGLE:
+        target forward  t = fixed_s + per_token_s * (batch*query) + per_kv_token_s * (batch*context)
+        EAGLE draft step t = fixed_s + per_spec_token_s * (k+1) + per_kv_token_s * (batch*context)
+        n-gram draft step t = ngram_draft_fraction * (target verify time); step_overhead_s per step.
+
+`CostModel.resample` draws one bootstrap replicate (residual bootstrap of a fit, or random efficiencies
+for the prior) for prediction intervals (see predict.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+
+from ..data import hardware, models, tables
+from ..data.models import ModelSize
+from ..data.spec import PROPOSERS
+from ..errors import SpecdecError
+
+
+# Prior assumptions (documented guesses, not measurements): point value and bootstrap range.
+PRIOR_EFF_MEM = (0.7, (0.5, 0.9))      # achieved fraction of spec-sheet memory bandwidth
+PRIOR_EFF_FLOPS = (0.5, (0.3, 0.7))    # achieved fraction of spec-sheet dense TFLOP/s
+PRIOR_OVERHEAD_S = (1e-4, (3e-5, 3e-4))  # fixed seconds per forward (launches, sampling), log-uniform range
+
+
+def pair_name(pair: str) -> str:
+    """Canonical pair name (aliases resolved); unknown pairs are a one-line error."""
+    return models.pair_spec(pair).name
+
+
+def pair_sizes(pair: str) -> tuple[ModelSize, ModelSize]:
+    """(target, draft) sizes from the pair registry (models.PAIRS); a pair without them is a one-line error."""
+    spec = models.pair_spec(pair)
+    if spec.sizes is None:
+        raise SpecdecError(f"no parameter counts for pair '{spec.name}'; add sizes to its entry in models.PAIRS")
+    return spec.sizes
+
+
+@dataclass(frozen=True)
+class LinearCost:
+    """Fitted forward time t = a + b*tokens + c*kv_tokens + d*[tokens > 1] + e*tokens*context: a [s],
+    b [s/token], c [s/KV token] (reading the cache), d [s] a step penalty for any forward of more than one
+    token, e [s per (new token, KV token) pair] (attention scores: each new token attends to its sequence's
+    context, so verifying k+1 tokens costs k+1 times the attention of one). On CPUs torch runs a one-token
+    forward as matrix-vector products and anything larger as GEMM, which here costs ~2x at 2 tokens
+    (measured: data/raw/cpu/hardware); on GPUs the fit finds d ~ 0. The e term was chosen by leave-one-out
+    cross-validation on the hardware forwards (cross_validate), not on the batch-study cells."""
+
+    a: float
+    b: float
+    c: float
+    d: float = 0.0
+    e: float = 0.0
+
+    def seconds(self, batch, query, context):
+        """Seconds for one forward: `batch` sequences, `query` new tokens each, `context` KV tokens each."""
+        tokens = batch * query
+        return (self.a + self.b * tokens + self.c * batch * context + self.d * (np.asarray(tokens) > 1)
+                + self.e * tokens * np.asarray(context))
+
+
+@dataclass(frozen=True)
+class RooflineCost:
+    """Roofline prior for one model: bytes and FLOPs per forward against spec-sheet bandwidth and peak."""
+
+    weight_bytes: float
+    kv_bytes_per_token: float
+    params: float
+    attn_flops_per_pair: float  # FLOPs per (query token, KV token) pair: 4 * layers * q_dim
+    bw_bytes_s: float
+    peak_flops_s: float
+    eff_mem: float = PRIOR_EFF_MEM[0]
+    eff_flops: float = PRIOR_EFF_FLOPS[0]
+    overhead_s: float = PRIOR_OVERHEAD_S[0]
+    weight_bw_bytes_s: float | None = None  # offloaded weights: read over the host link at this rate instead
+
+    def seconds(self, batch, query, context):
+        tokens = batch * query
+        mem = (self.weight_bytes / (self.eff_mem * (self.weight_bw_bytes_s or self.bw_bytes_s))
+               + self.kv_bytes_per_token * batch * context / (self.eff_mem * self.bw_bytes_s))
+        flops = 2 * self.params * tokens + self.attn_flops_per_pair * tokens * context
+        return self.overhead_s + np.maximum(mem, flops / (self.eff_flops * self.peak_flops_s))
+
+
+@dataclass(frozen=True)
+class DraftStepCost:
+    """A whole draft step (all k proposals) as one fitted cost, as in the paper's simulator:
+    t = fixed_s + per_spec_token_s * (k+1) + per_kv_token_s * batch*context  [s]."""
+
+    fixed_s: float
+    per_spec_token_s: float
+    per_kv_token_s: float
+
+    def step_seconds(self, batch, k: int, context):
+        return self.fixed_s + self.per_spec_token_s * (k + 1) + self.per_kv_token_s * np.asarray(batch) * context
+
+
+@dataclass
+class Fit:
+    """One model's least-squares fit: the points (medians), fitted seconds and relative residuals."""
+
+    cost: LinearCost
+    points: pd.DataFrame  # batch, query, context, tokens, kv_tokens, seconds, fitted_s, rel_resid
+
+    def summary(self) -> dict:
+        r = self.points["rel_resid"].to_numpy()
+        err = self.points["seconds"] - self.points["fitted_s"]
+        return {"n": len(r), "rmse_s": float(np.sqrt(np.mean(err ** 2))), "rel_rmse": float(np.sqrt(np.mean(r ** 2))),
+                "max_abs_rel": float(np.max(np.abs(r)))}
+
+
+FORMS = {"without attention term": 4, "with attention term": 5}  # columns of the design used
+
+
+def _design(points: pd.DataFrame, columns: int = 5) -> np.ndarray:
+    return np.column_stack([np.ones(len(points)), points["tokens"], points["kv_tokens"], points["tokens"] > 1,
+                            points["tokens"] * points["context"]]).astype(float)[:, :columns]
+
+
+def loo_rel_rmse(points: pd.DataFrame, columns: int = 5) -> float:
+    """Leave-one-out relative rmse of the fit (fraction): each point predicted by a fit to all the others."""
+    X, y = _design(points, columns), points["seconds"].to_numpy(float)
+    errs = []
+    for i in range(len(y)):
+        keep = np.arange(len(y)) != i
+        errs.append(y[i] / (X[i] @ _nnls_relative(X[keep], y[keep])) - 1)
+    return float(np.sqrt(np.mean(np.square(errs))))
+
+
+def cross_validate(profile: str, pair: str | None = None) -> pd.DataFrame:
+    """Leave-one-out relative rmse of each cost-model form, per model, on the profile's hardware forwards
+    (the evidence for the e term): columns model, form, n, loo_rel_rmse (fraction)."""
+    cm = fit(profile, pair)
+    return pd.DataFrame([{"model": name, "form": form, "n": len(f.points),
+                          "loo_rel_rmse": loo_rel_rmse(f.points, cols)}
+                         for name, f in cm.fits.items() for form, cols in FORMS.items()])
+
+
+def _nnls_relative(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    coef, _ = nnls(X / y[:, None], np.ones(len(y)))
+    return coef
+
+
+def fit_linear(forwards: pd.DataFrame) -> Fit:
+    """Fit t = a + b*tokens + c*batch*context + d*[tokens > 1] + e*tokens*context (all >= 0) to forwards
+    rows of ONE model.
+
+    Needs columns batch, query, context, seconds (tokens = batch*query); repeats are reduced to medians."""
+    if forwards.empty:
+        raise SpecdecError("no forward-pass measurements to fit")
+    pts = forwards.groupby(["batch", "query", "context"], as_index=False)["seconds"].median()
+    if len(pts) < 3:
+        raise SpecdecError(f"need at least 3 distinct (batch, query, context) points to fit, got {len(pts)}")
+    pts["tokens"] = pts["batch"] * pts["query"]
+    pts["kv_tokens"] = pts["batch"] * pts["context"]
+    y = pts["seconds"].to_numpy(float)
+    if (y <= 0).any():
+        raise SpecdecError("forward-pass times must be positive")
+    coef = _nnls_relative(_design(pts), y)
+    cost = LinearCost(*map(float, coef))
+    pts["fitted_s"] = cost.seconds(pts["batch"], pts["query"], pts["context"])
+    pts["rel_resid"] = pts["seconds"] / pts["fitted_s"] - 1
+    return Fit(cost, pts)
+
+
+@dataclass
+class CostModel:
+    """Forward costs of a pair's target and draft on one profile; source is "fitted" or "prior"."""
+
+    profile: str
+    pair: str
+    source: str
+    target: object  # LinearCost | RooflineCost
+    draft: object
+    fits: dict = field(default_factory=dict)  # "target"/"draft" -> Fit (fitted only)
+    overhead_s: float = 0.0  # extra seconds per decoding step, with or without SD (sampling, bookkeeping)
+    ngram_fraction: float = 0.0  # n-gram proposal time as a fraction of the verify forward
+    provenance: str = ""  # where published coefficients come from
+    prefill_scale: float = 1.0  # a prefill costs this times a forward of its tokens (end-to-end calibration)
+
+    def forward_s(self, model: str, batch, query, context):
+        """Seconds for one forward of "target" or "draft"."""
+        return getattr(self, model).seconds(batch, query, context)
+
+    def draft_s(self, batch, k: int, context, proposer: str = "draft", verify=None):
+        """Seconds to propose k tokens per sequence. A draft model or EAGLE head: its step cost if published
+        as one (DraftStepCost), else k forwards (the first of 2 tokens per sequence, then k-1 of 1). An n-gram
+        lookup: ngram_fraction of the verify forward (0 unless published)."""
+        if k <= 0:
+            return 0.0
+        kind = PROPOSERS[proposer].cost if proposer in PROPOSERS else None
+        if kind == "lookup":
+            if verify is None:
+                verify = self.forward_s("target", batch, k + 1, context)
+            return self.ngram_fraction * verify
+        if kind != "draft forward":
+            raise SpecdecError(f"unknown proposer '{proposer}'; known: "
+                               f"{', '.join(n for n, p in PROPOSERS.items() if p.cost != 'none')}")
+        if isinstance(self.draft, DraftStepCost):
+            return self.draft.step_seconds(batch, k, context)
+        if self.draft is None:
+            raise SpecdecError(f"costs for {self.pair} on {self.profile} have no draft model")
+        return self.forward_s("draft", batch, 2, context) + (k - 1) * self.forward_s("draft", batch, 1, context)
+
+    def step_parts(self, batch, k: int, context, proposer: str = "draft") -> tuple:
+        """(draft, verify, overhead) seconds of one decoding step of `batch` sequences with `context` KV tokens
+        each. k = 0: no proposal and one target forward of 1 token per sequence. k >= 1: the proposer's time
+        (draft_s) and the target verifying k+1 tokens per sequence. overhead_s either way."""
+        verify = self.forward_s("target", batch, k + 1, context)
+        return self.draft_s(batch, k, context, proposer, verify), verify, self.overhead_s
+
+    def step_s(self, batch, k: int, context, proposer: str = "draft"):
+        """Seconds for one decoding step: the sum of step_parts."""
+        draft, verify, overhead = self.step_parts(batch, k, context, proposer)
+        return draft + verify + overhead
+
+    def draft_share(self, batch, k: int, context, proposer: str = "draft"):
+        """Fraction of a step's seconds spent proposing."""
+        draft, verify, overhead = self.step_parts(batch, k, context, proposer)
+        return draft / (draft + verify + overhead)
+
+    def residuals(self) -> dict:
+        """Per model: n points, rmse_s [s], rel_rmse and max_abs_rel (fractions); empty for the prior."""
+        return {name: f.summary() for name, f in self.fits.items()}
+
+    def describe(self) -> str:
+        if self.source == "published":
+            return f"PUBLISHED coefficients ({self.provenance or 'no provenance given'}), not fitted here"
+        if self.source == "steps":
+            res = self.residuals()
+            return (f"FITTED END TO END on {self.provenance} (rel. rmse target {res['target']['rel_rmse']:.1%} over "
+                    f"{res['target']['n']} points, draft {res['draft']['rel_rmse']:.1%})")
+        if self.source == "prior":
+            t = self.target
+            return (f"PRIOR (roofline from the {self.profile} spec sheet, eff_mem {t.eff_mem:g}, "
+                    f"eff_flops {t.eff_flops:g}, {t.overhead_s * 1e6:g} us/forward), not measured")
+        res = self.residuals()
+        if "target" not in res or "draft" not in res:
+            return f"FITTED coefficients for {self.pair} on {self.profile} (fit residuals not available)"
+        return (f"FITTED on data/raw/{self.profile}/hardware (rel. rmse target {res['target']['rel_rmse']:.1%} "
+                f"over {res['target']['n']} points, draft {res['draft']['rel_rmse']:.1%})")
+
+    def resample(self, rng: np.random.Generator) -> "CostModel":
+        """One bootstrap replicate: refit on fitted values times resampled (1 + relative residuals), or
+        for the prior, efficiencies and overhead drawn from their ranges (shared by target and draft)."""
+        if self.source.startswith("published") or not (self.fits or isinstance(self.target, RooflineCost)):
+            return self
+        if self.source in ("fitted", "steps"):
+            if not self.fits:  # coefficients given, not fitted here: nothing to resample
+                return self
+            new = {}
+            for name, f in self.fits.items():
+                pts = f.points
+                r = rng.choice(pts["rel_resid"].to_numpy(), size=len(pts), replace=True)
+                y = pts["fitted_s"].to_numpy() * (1 + r)
+                new[name] = LinearCost(*map(float, _nnls_relative(_design(pts), y)))
+            return replace(self, target=new["target"], draft=new["draft"])
+        lo, hi = PRIOR_OVERHEAD_S[1]
+        kw = {"eff_mem": rng.uniform(*PRIOR_EFF_MEM[1]), "eff_flops": rng.uniform(*PRIOR_EFF_FLOPS[1]),
+              "overhead_s": float(np.exp(rng.uniform(np.log(lo), np.log(hi))))}
+        return replace(self, target=replace(self.target, **kw), draft=replace(self.draft, **kw))
+
+
+def fit(profile: str, pair: str | None = None, forwards: pd.DataFrame | None = None) -> CostModel:
+    """Fitted costs from data/raw/<profile>/hardware (forwards table), or from `forwards` if given.
+
+    `pair` selects the measured pair (default: the only one present); no data is a one-line error."""
+    hardware.load_profile(profile)
+    if forwards is None:
+        forwards = tables.load(profile, "hardware", "forwards")
+    if pair is not None:
+        pair = pair_name(pair)
+    if pair is not None and "pair" in forwards:
+        name = pair
+        found = sorted(forwards["pair"].dropna().unique())
+        forwards = forwards[forwards["pair"] == name]
+        if forwards.empty:
+            raise SpecdecError(f"no forward measurements of pair '{name}' in data/raw/{profile}/hardware "
+                               f"(measured: {', '.join(found) or 'none'})")
+    elif "pair" in forwards:
+        found = forwards["pair"].dropna().unique()
+        if len(found) > 1:
+            raise SpecdecError(f"data/raw/{profile}/hardware holds several pairs ({', '.join(found)}); name one")
+        pair = found[0] if len(found) else "unknown"
+    fits = {}
+    for name in ("target", "draft"):
+        rows = forwards[forwards["model"] == name]
+        if rows.empty:
+            raise SpecdecError(f"no '{name}' forward measurements in data/raw/{profile}/hardware")
+        fits[name] = fit_linear(rows)
+    return CostModel(profile, pair or "unknown", "fitted", fits["target"].cost, fits["draft"].cost, fits)
+
+
+def matches(run_id: str, patterns) -> bool:
+    """Whether a run id matches one of the shell patterns (a calibration cell)."""
+    import fnmatch
+    return any(fnmatch.fnmatch(run_id, p) for p in patterns)
+
+
+def fit_steps(profile: str, calibration, pair: str | None = None, engine: str = "torch") -> CostModel:
+    """Costs fitted on the batch study's own decoding steps (end to end, as the paper's simulator fits profiled
+    step times) instead of forward microbenchmarks: the target from every no-SD batch (its k=0 cells, or the
+    interleaved no-SD arm of paired cells: seconds per step, 1 token) and from the verify + bookkeeping seconds
+    of the SD cells named in `calibration` (run-id shell patterns; k+1 tokens); the draft model from those
+    cells' draft seconds per proposed token; the n-gram lookup's share of the verify forward likewise. Context:
+    the cell's padded prompt width plus half its output. Cells not named stay out of the fit (held out)."""
+    b = tables.load(profile, "batch", "batches")
+    st = tables.load(profile, "batch", "steps")
+    rq = tables.load(profile, "batch", "requests")
+    b, st, rq = (x[x["engine"] == engine] for x in (b, st, rq))
+    pair = pair_name(pair) if pair else str(b["pair"].iloc[0])
+    b, st, rq = (x[x["pair"] == pair] for x in (b, st, rq))
+    # KV columns per sequence of each timed batch: its padded prompt width plus half its output
+    ctx = {key: float(g["prompt_tokens"].max() + g["new_tokens"].mean() / 2)
+           for key, g in rq.groupby(["run_id", "repeat", "batch_idx"])}
+    base = b[(b["arm"] == "base") | (b["k"] == 0)]
+    tgt = [{"batch": r.size, "query": 1, "context": ctx.get((r.run_id, r.repeat, r.batch_idx), np.nan),
+            "seconds": r.decode_s / r.steps} for r in base.itertuples() if r.steps > 0]
+    cal = st[(st["k"] > 0) & st["run_id"].map(lambda r: matches(r, calibration))]
+    draft, ngram = [], []
+    for (rid, rep, bi, k, prop, bs), g in cal.groupby(["run_id", "repeat", "batch_idx", "k", "proposer", "batch"]):
+        c = ctx.get((rid, rep, bi), np.nan)
+        tgt.append({"batch": bs, "query": k + 1, "context": c, "seconds": float((g["verify_s"] + g["other_s"]).median())})
+        if prop == "draft":
+            draft.append({"batch": bs, "query": 1, "context": c, "seconds": float(g["draft_s"].median()) / k})
+        elif prop == "ngram":
+            ngram.append(float((g["draft_s"] / g["verify_s"]).median()))
+    tgt = pd.DataFrame(tgt).dropna()
+    if not draft:
+        raise SpecdecError(f"no draft-model calibration cell among {list(calibration)} on {profile}")
+    ft, fd = fit_linear(tgt), fit_linear(pd.DataFrame(draft).dropna())
+    return CostModel(profile, pair, "steps", ft.cost, fd.cost, {"target": ft, "draft": fd},
+                     ngram_fraction=float(np.median(ngram)) if ngram else 0.0,
+                     provenance=f"batch-study steps of data/raw/{profile}/batch: no-SD batches + "
+                                f"{cal['run_id'].nunique()} calibration cell(s) ({', '.join(calibration)})")
+
+
+def prior(profile: str, pair: str, bytes_per_param: float | None = None) -> CostModel:
+    """Roofline prior from the profile's spec sheet; bytes/param defaults to 2 (bf16) on a GPU, 4 (fp32) else."""
+    prof = hardware.load_profile(profile)
+    target, draft = pair_sizes(pair)
+    bw, peak = prof.get("mem_bw_tbs"), prof.get("peak_tflops")
+    if not bw or not peak:
+        raise SpecdecError(f"profile '{profile}' has no spec sheet (peak_tflops, mem_bw_tbs) for a roofline prior")
+    nbytes = bytes_per_param or (2 if prof.get("kind") == "gpu" else 4)
+
+    def roof(m: ModelSize, link=None) -> RooflineCost:
+        return RooflineCost(m.params * nbytes, m.kv_elems_per_token * nbytes, m.params, 4 * m.layers * m.q_dim,
+                            bw * 1e12, peak * 1e12, weight_bw_bytes_s=link * 1e12 if link else None)
+
+    # offload_link_tbs: the target's weights stream over the host link every forward; the draft is resident
+    return CostModel(profile, pair_name(pair), "prior", roof(target, prof.get("offload_link_tbs")), roof(draft))
+
+
+TARGET_KEYS = {"fixed_s", "per_token_s", "per_kv_token_s"}
+DRAFT_KEYS = {"fixed_s", "per_spec_token_s", "per_kv_token_s"}
+ENTRY_KEYS = {"source", "target", "draft", "ngram_draft_fraction", "step_overhead_s"}
+
+
+def _num(entry: dict, key: str, where: str) -> float:
+    v = entry.get(key)
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+        raise SpecdecError(f"{where}.{key} must be a number >= 0, got {v!r}")
+    return float(v)
+
+
+def published(profile: str, pair: str) -> CostModel:
+    """Costs given in configs/hardware/<profile>.yaml under `costs: {<pair>: {...}}` (no Python needed).
+
+    Keys: source (provenance text), target {fixed_s, per_token_s, per_kv_token_s}, draft {fixed_s,
+    per_spec_token_s, per_kv_token_s} (a whole draft step) or {fixed_s, per_token_s, per_kv_token_s} (one
+    draft forward), ngram_draft_fraction, step_overhead_s. Bad or missing entries are one-line errors."""
+    prof = hardware.load_profile(profile)
+    name = pair_name(pair)
+    entry = (prof.get("costs") or {}).get(name)
+    where = f"configs/hardware/{profile}.yaml costs.{name}"
+    if entry is None:
+        raise SpecdecError(f"profile '{profile}' publishes no costs for {name}")
+    if not isinstance(entry, dict) or set(entry) - ENTRY_KEYS or not isinstance(entry.get("target"), dict):
+        raise SpecdecError(f"{where} needs a mapping with 'target' (and optionally {', '.join(sorted(ENTRY_KEYS - {'target'}))})")
+    t = entry["target"]
+    if set(t) != TARGET_KEYS:
+        raise SpecdecError(f"{where}.target needs exactly {', '.join(sorted(TARGET_KEYS))}")
+    target = LinearCost(_num(t, "fixed_s", where + ".target"), _num(t, "per_token_s", where + ".target"),
+                        _num(t, "per_kv_token_s", where + ".target"))
+    d, draft = entry.get("draft"), None
+    if isinstance(d, dict) and set(d) == DRAFT_KEYS:
+        draft = DraftStepCost(*(_num(d, key, where + ".draft") for key in ("fixed_s", "per_spec_token_s", "per_kv_token_s")))
+    elif isinstance(d, dict) and set(d) == TARGET_KEYS:
+        draft = LinearCost(*(_num(d, key, where + ".draft") for key in ("fixed_s", "per_token_s", "per_kv_token_s")))
+    elif d is not None:
+        raise SpecdecError(f"{where}.draft needs {', '.join(sorted(DRAFT_KEYS))} (a draft step) or "
+                           f"{', '.join(sorted(TARGET_KEYS))} (one draft forward)")
+    return CostModel(profile, name, "published", target, draft,
+                     overhead_s=_num(entry, "step_overhead_s", where) if "step_overhead_s" in entry else 0.0,
+                     ngram_fraction=_num(entry, "ngram_draft_fraction", where) if "ngram_draft_fraction" in entry else 0.0,
+                     provenance=str(entry.get("source", "")))
+
+
+def load(profile: str, pair: str) -> CostModel:
+    """The best cost source for this pair on this profile: fitted end to end on the batch study's steps where its
+    config names calibration cells (fit_steps), else fitted on data/raw/<profile>/hardware, else
+    coefficients published in the profile yaml, else the roofline prior, else a one-line error."""
+    hardware.load_profile(profile)
+    name = pair_name(pair)
+    errors = []
+    try:  # end to end on the batch study's steps, where its config names calibration cells
+        from ..data import config as cfgmod
+        cal = cfgmod.analysis_settings("batch", profile)["calibration"]
+        if cal and tables.has_runs(profile, "batch"):
+            return fit_steps(profile, cal, name)
+    except SpecdecError as e:
+        errors.append(str(e))
+    for source in (fit, published, prior):
+        try:
+            return source(profile, name)
+        except SpecdecError as e:
+            errors.append(str(e))
+    raise SpecdecError(f"no costs for {name} on {profile}: {'; '.join(errors)}")
+
+
+# Points at which fitted, published and prior target costs are compared (batch, query, context).
+COMPARE_AT = ((1, 1, 1024), (1, 4, 1024), (8, 4, 1024), (32, 4, 1024), (128, 1, 1024), (128, 4, 1024))
+
+
+def compare_target(profile: str) -> pd.DataFrame:
+    """The target forward cost fitted on `profile`'s hardware study beside every published fit of a target of
+    the same shape (another profile's yaml `costs`, e.g. the paper's H100 fit of Llama-3.1-8B) and beside
+    `profile`'s roofline prior. One row per (source, point): source, profile, pair, fixed_s, per_token_s,
+    per_kv_token_s (the three coefficients both forms share; the fit's d and e terms are in `extra_s`, seconds
+    they add at that point), batch, query, context, seconds, and ratio = seconds / the fitted seconds."""
+    fitted = fit(profile)
+    shape = models.target_shape(fitted.pair)
+    rows = [("fitted", profile, fitted.pair, fitted.target)]
+    for other in hardware.profile_names():
+        for name in (hardware.load_profile(other).get("costs") or {}):
+            if models.target_shape(name) == shape:
+                rows.append(("published", other, name, published(other, name).target))
+    try:
+        rows.append(("prior", profile, fitted.pair, prior(profile, fitted.pair).target))
+    except SpecdecError:
+        pass
+    out = []
+    for source, prof, pair, cost in rows:
+        coef = ({"fixed_s": cost.a, "per_token_s": cost.b, "per_kv_token_s": cost.c}
+                if isinstance(cost, LinearCost) else {"fixed_s": cost.overhead_s, "per_token_s": np.nan,
+                                                       "per_kv_token_s": np.nan})
+        for b, q, c in COMPARE_AT:
+            sec = float(cost.seconds(b, q, c))
+            extra = float(cost.d * (b * q > 1) + cost.e * b * q * c) if isinstance(cost, LinearCost) else np.nan
+            out.append({"source": source, "profile": prof, "pair": pair, **coef, "extra_s": extra, "batch": b,
+                        "query": q, "context": c, "seconds": sec,
+                        "ratio": sec / float(fitted.target.seconds(b, q, c))})
+    return pd.DataFrame(out)

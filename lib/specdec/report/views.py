@@ -1,0 +1,582 @@
+"""What the notebooks show for a profile: MEASURED tables where raw runs exist, else PREDICTED ones.
+
+For a study with complete raw runs in data/raw/<gpu>/<study>/ every view returns the `analysis` table
+unchanged. Otherwise, where a trace collection (data/traces, see traces.py) and a cost source for its pair on
+this profile exist (costmodel.load: published coefficients, e.g. the paper's H100 fit, else a roofline prior),
+the view returns a prediction in the same columns, with `basis` = "predicted" and `source` naming both
+inputs. Studies that cannot be predicted (alternatives, bench) return empty tables and a reason. `mode()`
+says which of the three applies; a profile where no study has anything to show is a one-line error.
+
+Predicted batch cells use the paper's protocol (replay.py): the four datasets of the collection, EAGLE and
+n-gram proposers at k = 3 (the paper's setting), batch 1..128, prefill counted. Held-out datasets are shown
+and flagged (`held_out`); nothing here is fitted to them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+
+from ..data import hardware, tables
+from ..data import traces as tr
+from ..errors import SpecdecError
+from ..model import acceptance, costmodel, predict, replay
+from . import advise, analysis
+
+PREDICTABLE = ("batch", "acceptance", "hardware", "validation", "claims")
+BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
+K_PAPER = 3
+CONTEXTS = (256, 1024)
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str  # measured | predicted | none
+    text: str
+
+    @property
+    def label(self) -> str:
+        return {"measured": "MEASURED", "predicted": "PREDICTED", "none": "NO DATA"}[self.kind] + ": " + self.text
+
+
+def measured(gpu: str, study: str) -> bool:
+    """True when data/raw/<gpu>/<study> has complete runs under the current config (or imported ones)."""
+    studies = ("batch", "hardware", "acceptance") if study in ("validation", "claims") else (study,)
+    return any(tables.has_runs(gpu, s) for s in studies)
+
+
+@lru_cache(maxsize=32)
+def inputs(gpu: str) -> tuple[str, costmodel.CostModel]:
+    """(trace collection, cost model) for predictions on `gpu`: a collection recorded on this profile if any,
+    else any collection (acceptance is a property of the model pair, not of the hardware); the cost source
+    is costmodel.load for the collection's pair. None available is a one-line error."""
+    hardware.load_profile(gpu)
+    names = tr.for_profile(gpu) or tr.collections()
+    if not names:
+        raise SpecdecError("no trace collection under data/traces (run `specdec import-traces`)")
+    errors = []
+    for name in names:
+        try:
+            return name, costmodel.load(gpu, tr.source(name)["pair"])
+        except SpecdecError as e:
+            errors.append(str(e))
+    raise SpecdecError(f"nothing to predict on '{gpu}': {'; '.join(errors)}")
+
+
+def synthetic(gpu: str, study: str) -> bool:
+    """True when the study's current runs on `gpu` are of synthetic weights (meta.json `weights`), i.e. their
+    timings are real and their acceptance replayed from traces."""
+    from ..data import rawdata
+    return any(m.get("weights") == "synthetic" for _, m in rawdata.current_runs(study, gpu, warn=lambda _m: None))
+
+
+def mode(gpu: str, study: str) -> Source:
+    """Whether `study` on `gpu` is shown measured, predicted, or not at all (with the reason). Raw runs of a
+    profile without a yaml (imported or hand-made runs) count as measured."""
+    if measured(gpu, study):
+        where = f"data/raw/{gpu}/{study if study not in ('validation', 'claims') else '*'}"
+        if synthetic(gpu, study if study not in ("validation", "claims") else "batch"):
+            where += (" (synthetic weights of the real shapes: timings real" +
+                      ("" if study == "hardware" else ", acceptance replayed from the paper's traces") + ")")
+        return Source("measured", where)
+    if study not in PREDICTABLE:
+        return Source("none", f"no measurements in data/raw/{gpu}/{study}, and the {study} study needs them "
+                              f"(it cannot be predicted from acceptance traces and forward costs)")
+    try:
+        hardware.load_profile(gpu)
+        name, costs = inputs(gpu)
+    except SpecdecError as e:
+        return Source("none", f"no measurements in data/raw/{gpu}/{study}; {e}")
+    return Source("predicted", f"traces data/traces/{name} + costs {costs.describe()}")
+
+
+def check(gpu: str) -> list[str]:
+    """One line per study; an unknown profile, or one where no study has anything to show, is a one-line error."""
+    if not any(measured(gpu, s) for s in ("batch", "acceptance", "hardware", "alternatives", "serving", "bench")):
+        hardware.load_profile(gpu)
+    lines = [f"{s}: {mode(gpu, s).label}" for s in ("batch", "acceptance", "hardware", "alternatives", "serving",
+                                                     "validation", "bench", "claims")]
+    if all(": NO DATA" in line for line in lines):
+        raise SpecdecError(f"profile '{gpu}' has nothing to show: no raw data in data/raw/{gpu} and no "
+                           f"prediction source ({mode(gpu, 'batch').text})")
+    return lines
+
+
+def _sets(gpu: str):
+    name, costs = inputs(gpu)
+    return [(tr.load(name, d, p), costs) for d in tr.datasets(name) for p in tr.PROPOSERS]
+
+
+def _label(ts: tr.TraceSet) -> str:
+    return f"{ts.proposer}: {ts.dataset}" + (" (held out)" if ts.held_out else "")
+
+
+def _base(gpu: str, ts: tr.TraceSet, costs) -> dict:
+    return {"profile": gpu, "engine": "predicted", "pair": ts.pair, "mode": "static", "temperature": 0.0,
+            "alpha": np.nan, "quant": "none", "rate": np.nan, "context": np.nan, "requests": np.nan,
+            "dataset": ts.dataset, "held_out": ts.held_out, "basis": "predicted",
+            "source": f"traces {ts.name}/{ts.dataset} + {costs.source} costs"}
+
+
+# -- batch ----------------------------------------------------------------------------------------------------
+@lru_cache(maxsize=16)
+def _predicted_speedup(gpu: str) -> pd.DataFrame:
+    rows = []
+    for ts, costs in _sets(gpu):
+        for b in BATCHES:
+            base_lat = replay.request_latencies(ts, costs, b, 0)
+            base_tp = float(np.mean(b * base_lat["tokens"] / base_lat["org_s"]))
+            for k in (0, K_PAPER):
+                r = replay.speedup(ts, costs, b, k) if k else {"speedup": 1.0, "ci_lo": 1.0, "ci_hi": 1.0,
+                                                              "tokens_per_step": 1.0}
+                tp = base_tp * r["speedup"]
+                rows.append({**_base(gpu, ts, costs), "batch": b, "k": k, "proposer": _label(ts) if k else "none",
+                             "n_units": len(replay.sample(ts)), "tokens_per_seq_step": r["tokens_per_step"],
+                             "throughput_tok_s": tp, "tp_ci_lo": base_tp * r["ci_lo"], "tp_ci_hi": base_tp * r["ci_hi"],
+                             "speedup": r["speedup"], "ci_lo": r["ci_lo"], "ci_hi": r["ci_hi"],
+                             "note": "baseline" if k == 0 else "predicted (trace replay, prefill counted)",
+                             "traced_proposer": ts.proposer})
+    df = pd.DataFrame(rows)
+    # one no-SD row per batch size (all trace sets share the cost model; keep the first as the baseline row)
+    return pd.concat([df[df["k"] == 0].drop_duplicates("batch"), df[df["k"] > 0]], ignore_index=True)
+
+
+def speedup(gpu: str) -> pd.DataFrame:
+    """analysis.speedup(gpu, "batch") where measured, else the predicted table (same columns + basis, source)."""
+    if measured(gpu, "batch"):
+        return analysis.speedup(gpu, "batch").assign(basis="measured", source=f"data/raw/{gpu}/batch")
+    _require_predictable(gpu, "batch")
+    return _predicted_speedup(gpu).copy()
+
+
+def _require_predictable(gpu: str, study: str) -> None:
+    src = mode(gpu, study)
+    if src.kind == "none":
+        raise SpecdecError(src.text)
+
+
+def draft_overhead(gpu: str) -> tuple[pd.DataFrame, str]:
+    """(table, note): share of step time spent proposing; predicted from the cost model at k=3."""
+    if measured(gpu, "batch"):
+        return analysis.safe(analysis.draft_overhead, gpu, "batch")
+    _require_predictable(gpu, "batch")
+    rows = []
+    for ts, costs in _sets(gpu):
+        ctx = float(np.mean([r.prompt_len + r.generated_len / 2 for r in ts.requests]))
+        for b in BATCHES:
+            draft, verify, other = map(float, costs.step_parts(b, K_PAPER, ctx, ts.proposer))
+            tot = draft + verify + other
+            rows.append({**_base(gpu, ts, costs), "batch": b, "k": K_PAPER, "proposer": _label(ts),
+                         "n_steps": np.nan, "draft_s": draft, "verify_s": verify, "other_s": other,
+                         "draft_frac": draft / tot, "ci_lo": np.nan, "ci_hi": np.nan, "verify_frac": verify / tot,
+                         "context": ctx})
+    return pd.DataFrame(rows), ""
+
+
+def contention(gpu: str) -> pd.DataFrame:
+    if measured(gpu, "batch"):
+        return analysis.contention(gpu, "batch")
+    return pd.DataFrame({"run_id": [], "suspect": []})
+
+
+def engines(gpu: str) -> tuple[pd.DataFrame, str]:
+    """(fidelity.engines table, note): vLLM vs the torch engine on the same cells; measured only."""
+    from . import fidelity
+    if not measured(gpu, "batch"):
+        return pd.DataFrame(), f"no measurements on {gpu}: engine fidelity is measured, never predicted"
+    return analysis.safe(fidelity.engines, gpu, "batch")
+
+
+def vllm_steps(gpu: str) -> tuple[pd.DataFrame, str]:
+    """(fidelity.vllm_step_split table, note): where vLLM's step time goes; measured only."""
+    from . import fidelity
+    if not measured(gpu, "batch"):
+        return pd.DataFrame(), f"no measurements on {gpu}"
+    return analysis.safe(fidelity.vllm_step_split, gpu, "batch")
+
+
+def roofline(gpu: str) -> tuple[pd.DataFrame, str]:
+    """(fidelity.roofline table, note): batch-1 cells against the read-bandwidth bound; measured only."""
+    from . import fidelity
+    if not measured(gpu, "batch"):
+        return pd.DataFrame(), f"no measurements on {gpu}: the roofline compares measured cells"
+    return analysis.safe(fidelity.roofline, gpu, "batch")
+
+
+# -- acceptance -------------------------------------------------------------------------------------------------
+def _replayed(gpu: str, k: int = 6):
+    """(trace set, its ReplayAcceptance up to k) for every trace set of the profile's collection."""
+    return [(ts, predict.replay_acceptance(ts, k)) for ts, _ in _sets(gpu)]
+
+
+def position_acceptance(gpu: str) -> tuple[pd.DataFrame, str]:
+    """Per-position conditional acceptance; predicted: the published traces replayed at k = 6."""
+    if measured(gpu, "acceptance"):
+        return analysis.safe(analysis.position_acceptance, gpu, "acceptance")
+    _require_predictable(gpu, "acceptance")
+    rows = []
+    rng = np.random.default_rng(0)
+    for ts, acc in _replayed(gpu):
+        k = acc.max_k
+        p = acc.conditionals(k)
+        boots = np.array([acc.resample(rng).conditionals(k) for _ in range(100)])
+        lo, hi = np.nanpercentile(boots, [2.5, 97.5], axis=0)
+        for j in range(k):
+            rows.append({"profile": gpu, "proposer": ts.proposer, "temperature": 0.0, "prompt_set": ts.dataset,
+                         "k": k, "batch": 1, "position": j + 1, "p_accept": p[j], "ci_lo": lo[j], "ci_hi": hi[j],
+                         "tried": acc.per_k[k].tried_total[j], "basis": "traced",
+                         "held_out": ts.held_out})
+    return pd.DataFrame(rows), ""
+
+
+def request_acceptance(gpu: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """(per-request table, summary, note); traced: per-request acceptance at k = 3 from the replay."""
+    if measured(gpu, "acceptance"):
+        req, note = analysis.safe(analysis.request_acceptance, gpu, "acceptance")
+        summ, _ = analysis.safe(analysis.acceptance_summary, gpu, "acceptance")
+        return req, summ, note
+    _require_predictable(gpu, "acceptance")
+    rows = []
+    for ts, acc in _replayed(gpu):
+        m = acc.per_k[K_PAPER]
+        a = np.divide(m.acc.sum(1), m.tried.sum(1), out=np.full(len(m.tried), np.nan), where=m.tried.sum(1) > 0)
+        rows += [{"profile": gpu, "proposer": ts.proposer, "temperature": 0.0, "prompt_set": ts.dataset,
+                  "k": K_PAPER, "alpha_measured": x, "basis": "traced"} for x in a]
+    req = pd.DataFrame(rows)
+    summ = (req.groupby(["proposer", "temperature", "prompt_set", "k"], as_index=False)
+            .agg(n_requests=("alpha_measured", "size"), alpha_measured=("alpha_measured", "mean")))
+    return req, summ, ""
+
+
+def iid_prediction(gpu: str) -> tuple[pd.DataFrame, str]:
+    """Tokens per step from the traces vs the i.i.d. formula at the same pooled acceptance, k = 1..6."""
+    if measured(gpu, "acceptance"):
+        return analysis.safe(analysis.iid_prediction, gpu, "acceptance")
+    _require_predictable(gpu, "acceptance")
+    rows = []
+    for ts, acc in _replayed(gpu):
+        for k in range(1, acc.max_k + 1):
+            m = acc.per_k[k]
+            tps, pred = m.expected_tokens(k), acc.iid_expected_tokens(k)
+            rows.append({"proposer": ts.proposer, "temperature": 0.0, "k": k, "batch": 1, "alpha": np.nan,
+                         "prompt_set": ts.dataset, "alpha_measured": m.iid_alpha, "measured_tps": tps,
+                         "measured_ci_lo": np.nan, "measured_ci_hi": np.nan, "predicted_tps": pred,
+                         "error": pred / tps - 1, "error_ci_lo": np.nan, "error_ci_hi": np.nan,
+                         "synthetic": False, "basis": "traced"})
+    return pd.DataFrame(rows), ""
+
+
+def break_even(gpu: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """(speedup vs i.i.d. alpha per batch size, break-even per batch size, note).
+
+    Measured: the synthetic-acceptance cells. Predicted: the cost model's step times at k = 3 with the
+    i.i.d. tokens per step (1 - a^(k+1)) / (1 - a), EAGLE's draft cost, mean context of the collection."""
+    if measured(gpu, "acceptance"):
+        syn, note = analysis.safe(analysis.synthetic_speedup, gpu, "acceptance")
+        be, _ = analysis.safe(analysis.break_even, gpu, "acceptance")
+        return syn, be, note
+    _require_predictable(gpu, "acceptance")
+    name, costs = inputs(gpu)
+    ctx = float(np.mean([r.prompt_len + r.generated_len / 2 for ts, _ in _sets(gpu) for r in ts.requests]))
+    rows, brk = [], []
+    for b in (1, 8, 32, 128):
+        for a in np.linspace(0.1, 1.0, 10):
+            s = acceptance.iid_expected_tokens(a, K_PAPER) * float(costs.step_s(b, 0, ctx)) / \
+                float(costs.step_s(b, K_PAPER, ctx, "eagle"))
+            rows.append({"batch": b, "k": K_PAPER, "alpha": round(float(a), 2), "speedup": s, "ci_lo": np.nan,
+                         "ci_hi": np.nan, "basis": "predicted"})
+        be = predict.break_even_alpha(costs, b, K_PAPER, ctx, "eagle")
+        brk.append({"profile": gpu, "pair": tr.source(name)["pair"], "batch": b, "k": K_PAPER, "proposer": "eagle",
+                    "break_even": np.nan if be is None else be, "ci_lo": np.nan, "ci_hi": np.nan,
+                    "note": "" if be is not None else "no alpha breaks even", "basis": "predicted",
+                    "context": ctx})
+    return pd.DataFrame(rows), pd.DataFrame(brk), ""
+
+
+# -- hardware -------------------------------------------------------------------------------------------------
+def forward_times(gpu: str) -> pd.DataFrame:
+    """analysis.forward_times where measured; else the cost model's target forwards and draft steps."""
+    if measured(gpu, "hardware"):
+        return analysis.forward_times(gpu, "hardware").assign(basis="measured")
+    _require_predictable(gpu, "hardware")
+    name, costs = inputs(gpu)
+    rows = []
+    for b in BATCHES:
+        for q in (1, 2, 4, 8):
+            for ctx in CONTEXTS:
+                t = float(costs.forward_s("target", b, q, ctx))
+                rows.append({"profile": gpu, "engine": "predicted", "pair": costs.pair, "model": "target", "batch": b,
+                             "query": q, "context": ctx, "tokens": b * q, "n": 0, "seconds": t, "ci_lo": np.nan,
+                             "ci_hi": np.nan, "tokens_per_s": b * q / t, "basis": "predicted"})
+                if q > 1:  # the proposer's whole step for k = q - 1 (a published draft cost is per step)
+                    d = float(costs.draft_s(b, q - 1, ctx, "eagle"))
+                    rows.append({**rows[-1], "model": "draft step (k = query-1)", "seconds": d,
+                                 "tokens_per_s": b * (q - 1) / d})
+    return pd.DataFrame(rows)
+
+
+def forward_ratio(gpu: str) -> pd.DataFrame:
+    """analysis.forward_ratio where measured; else EAGLE step / target verify time at the same query."""
+    if measured(gpu, "hardware"):
+        return analysis.forward_ratio(gpu, "hardware").assign(basis="measured")
+    ft = forward_times(gpu)
+    t = ft[ft["model"] == "target"].set_index(["batch", "query", "context"])["seconds"]
+    d = ft[ft["model"] != "target"].set_index(["batch", "query", "context"])["seconds"]
+    both = pd.concat({"draft_s": d, "target_s": t}, axis=1).dropna().reset_index()
+    both["ratio"] = both["draft_s"] / both["target_s"]
+    return both.assign(profile=gpu, ci_lo=np.nan, ci_hi=np.nan, basis="predicted")
+
+
+def summary_cells(gpu: str, study: str) -> int:
+    """Complete raw cells of a study (0 when predicted)."""
+    return len(tables.runs(gpu, study)) if tables.has_runs(gpu, study) else 0
+
+
+# -- validation on the paper's own numbers ----------------------------------------------------------------------
+def reference_path(name: str):
+    return tr.traces_root() / name / "simulator-speedups.csv"
+
+
+def reference(name: str) -> pd.DataFrame:
+    """The paper's simulator's speedups (dataset, proposer, batch, k, speedup), produced by running its
+    main.py on its own data (see README); missing file is a one-line error."""
+    path = reference_path(name)
+    if not path.exists():
+        raise SpecdecError(f"no simulator reference numbers at {path}")
+    return pd.read_csv(path)
+
+
+def _trace_predictor(name: str, dataset: str, proposer: str, costs):
+    """(TraceSet, mean prompt P and output G of its replayed requests [tokens], f(batch, k) -> advise's
+    predicted speedup for that trace set, prefill counted at P and G)."""
+    ts = tr.load(name, dataset, proposer)
+    acc = predict.replay_acceptance(ts, predict.K_MAX)
+    P = float(np.mean([r.prompt_len for r in replay.sample(ts)]))
+    G = float(np.mean([r.generated_len for r in replay.sample(ts)]))
+
+    def at(batch: int, k: int) -> float:
+        return float(predict.predict(costs, acc, batch, k, P + G / 2, proposer, n_boot=0, prefill=(P, G)).speedup)
+    return ts, P, G, at
+
+
+PAPER_PROFILE = "h100"  # where the paper measured (Llama-3.1-8B-Instruct, vLLM 0.10.1, k=3)
+
+
+def paper_measured(calibrated: bool = True) -> pd.DataFrame:
+    """The paper's own measured end-to-end speedups (paper-measured-speedups.csv beside the simulator's numbers:
+    cnn and sharegpt, k=3, bs 1/16/64/128, read from its project page +-0.01) next to our prediction (advise's
+    model, per-request steady state with prefill, under the h100 cost source) and the paper's simulator at the
+    same cell. Nothing is fitted to them. attrs: mape_predicted, mape_simulator (%), cost_source."""
+    name, costs = inputs(PAPER_PROFILE)
+    path = tr.traces_root() / name / "paper-measured-speedups.csv"
+    if not path.exists():
+        raise SpecdecError(f"no measured reference numbers at {path}")
+    meas = pd.read_csv(path)
+    sim = reference(name).set_index(["dataset", "proposer", "batch", "k"])["speedup"]
+    rows = []
+    for (ds, prop), g in meas.groupby(["dataset", "proposer"]):
+        ts, _, _, predict_at = _trace_predictor(name, ds, prop, costs)
+        for r in g.itertuples():
+            pred = predict_at(int(r.batch), int(r.k))
+            rows.append({"dataset": ds, "proposer": prop, "batch": int(r.batch), "k": int(r.k),
+                         "measured": float(r.speedup), "predicted": float(pred),
+                         "simulator": float(sim.get((ds, prop, int(r.batch), int(r.k)), np.nan)),
+                         "held_out": ts.held_out})
+    df = pd.DataFrame(rows)
+    for col in ("predicted", "simulator"):
+        df[f"abs_pct_err_{col}"] = (df[col] - df["measured"]).abs() / df["measured"] * 100
+    df.attrs["mape_predicted"] = float(df["abs_pct_err_predicted"].mean())
+    df.attrs["mape_simulator"] = float(df["abs_pct_err_simulator"].mean())
+    df.attrs["cost_source"] = costs.describe()
+    if not calibrated:  # e.g. advise's certainty line: the calibration's CV fits take seconds
+        return df
+    cal = paper_calibration()
+    # calibrated: the published fit with the end-to-end correction, each series predicted by the correction
+    # learnt without it (leave-one-series-out); the same as `predicted` when the correction chose no term
+    df["calibrated_cv"] = [cal.cv_predictions.get((r.dataset, r.proposer, r.batch, r.k), np.nan)
+                           for r in df.itertuples()]
+    df["abs_pct_err_calibrated_cv"] = (df["calibrated_cv"] - df["measured"]).abs() / df["measured"] * 100
+    df.attrs["mape_calibrated_cv"] = float(df["abs_pct_err_calibrated_cv"].mean())
+    df.attrs["calibration"] = "+".join(cal.terms) or "no term"
+    return df
+
+
+def paper_calibration():
+    """The paper's H100 fit calibrated end-to-end on its measured cnn + sharegpt speedups (calibrate.py)."""
+    from ..model import calibrate
+    name, _ = inputs(PAPER_PROFILE)
+    path = tr.traces_root() / name / "paper-measured-speedups.csv"
+    if not path.exists():
+        raise SpecdecError(f"no measured reference numbers at {path}")
+    return calibrate.paper(name, str(path), PAPER_PROFILE)
+
+
+def calibration_candidates() -> pd.DataFrame:
+    """Every candidate correction with its leave-one-series-out CV MAPE and in-sample MAPE (%), `chosen` marked."""
+    return paper_calibration().candidates
+
+
+def validate_against_reference(gpu: str, held_out: bool = True) -> pd.DataFrame:
+    """Our predictions vs the paper's simulator on the (held-out) datasets: `advise`'s model (per-request
+    steady state, tokens per step conditioned on k by each request's replay, prefill counted; predicted)
+    and the full trace replay (replayed).
+    attrs: mape (steady state, %), mape_replay (%), cost_source."""
+    name, costs = inputs(gpu)
+    ref = reference(name)
+    keep = set(tr.datasets(name, held_out=held_out)) if held_out is not None else set(tr.datasets(name))
+    ref = ref[ref["dataset"].isin(keep)]
+    rows = []
+    for (ds, prop), g in ref.groupby(["dataset", "proposer"]):
+        ts, P, G, predict_at = _trace_predictor(name, ds, prop, costs)
+        for r in g.itertuples():
+            pred = predict_at(int(r.batch), int(r.k))
+            rep = replay.speedup(ts, costs, int(r.batch), int(r.k), n_boot=0)["speedup"]
+            rows.append({"dataset": ds, "proposer": prop, "batch": int(r.batch), "k": int(r.k), "context": P + G / 2,
+                         "measured": r.speedup, "predicted": float(pred), "replayed": rep,
+                         "held_out": ts.held_out})
+    df = pd.DataFrame(rows)
+    df["abs_pct_err"] = (df["predicted"] - df["measured"]).abs() / df["measured"] * 100
+    df["abs_pct_err_replay"] = (df["replayed"] - df["measured"]).abs() / df["measured"] * 100
+    df.attrs["mape"] = float(df["abs_pct_err"].mean())
+    df.attrs["mape_replay"] = float(df["abs_pct_err_replay"].mean())
+    df.attrs["cost_source"] = costs.describe()
+    return df
+
+
+def k_choice(gpu: str, held_out: bool = True, ks=range(1, predict.K_MAX + 1)) -> pd.DataFrame:
+    """Per dataset x proposer x batch: the k that `advise` recommends (steady-state model) and the best k of
+    the trace replay (ground truth under the same costs), with the replayed speedup of each; `regret` =
+    1 - speedup(recommended) / speedup(best) (goal <= 2%)."""
+    name, costs = inputs(gpu)
+    rows = []
+    for ds in tr.datasets(name, held_out=held_out):
+        for prop in tr.PROPOSERS:
+            ts = tr.load(name, ds, prop)
+            for b in BATCHES:
+                adv = advise.advise(ts.pair, gpu, b, traces=f"{name}/{ds}", proposer=prop, n_boot=0, prefill=True)
+                rec = adv.best_k
+                scores = {0: 1.0, **{k: replay.speedup(ts, costs, b, k, n_boot=0)["speedup"] for k in ks}}
+                best = max(scores, key=scores.get)
+                got = scores.get(rec, np.nan)
+                rows.append({"dataset": ds, "proposer": prop, "batch": b, "recommended_k": rec, "best_k": best,
+                             "speedup_recommended": got, "speedup_best": scores[best],
+                             "regret": 1 - got / scores[best]})
+    return pd.DataFrame(rows)
+
+
+def validation(gpu: str) -> tuple[pd.DataFrame, str, str]:
+    """(table, note, what the predictions are compared with).
+
+    Measured profiles: advise.validate (held-out batch-study cells). A profile whose trace collection comes
+    with the paper's simulator numbers (h100): our predictions vs those numbers on the held-out datasets.
+    Other predicted profiles: nothing to validate against (empty table, the reason)."""
+    if measured(gpu, "batch"):
+        try:
+            return advise.validate(gpu), "", "measured"
+        except SpecdecError as e:
+            return pd.DataFrame(), str(e), "measured"
+    src = mode(gpu, "validation")
+    if src.kind == "none":
+        return pd.DataFrame(), src.text, "measured"
+    name, _ = inputs(gpu)
+    if tr.source(name)["profile"] != gpu or not reference_path(name).exists():
+        return pd.DataFrame(), (f"no measurement or published reference on '{gpu}' to validate against; the "
+                                f"predictions use {src.text}"), "measured"
+    return validate_against_reference(gpu, held_out=True), "", "paper's simulator"
+
+
+def policy(gpu: str, fixed_k: int = K_PAPER) -> tuple[pd.DataFrame, str]:
+    """Off vs fixed k vs adaptive k per batch size. Measured profiles: advise.policy_compare. Predicted:
+    for EAGLE on the held-out datasets (mean over them), `predicted` = the steady-state model of `advise`,
+    `measured` = the trace replay at that k (the simulator's protocol) under the same costs."""
+    if measured(gpu, "batch"):
+        return analysis.safe(advise.policy_compare, gpu)
+    src = mode(gpu, "validation")
+    if src.kind == "none":
+        return pd.DataFrame(), src.text
+    name, costs = inputs(gpu)
+    rows = []
+    for ds in tr.datasets(name, held_out=True):
+        ts = tr.load(name, ds, "eagle")
+        acc = predict.replay_acceptance(ts, predict.K_MAX)
+        P = float(np.mean([r.prompt_len for r in ts.requests]))
+        G = float(np.mean([r.generated_len for r in ts.requests]))
+        for b in BATCHES:
+            best = advise.advise(ts.pair, gpu, b, traces=f"{name}/{ds}", proposer="eagle", n_boot=0,
+                                  prefill=True).best_k
+            for pol, k in (("off", 0), (f"fixed k={fixed_k}", fixed_k), ("adaptive", best)):
+                pred = predict.predict(costs, acc, b, k, P + G / 2, "eagle", n_boot=0, prefill=(P, G)).speedup \
+                    if k else 1.0
+                meas = replay.speedup(ts, costs, b, k, n_boot=0)["speedup"] if k else 1.0
+                rows.append({"dataset": ds, "batch": b, "policy": pol, "k": k, "predicted": pred, "measured": meas})
+    df = pd.DataFrame(rows)
+    out = df.groupby(["batch", "policy"], as_index=False, sort=False).agg(
+        k=("k", "max"), predicted=("predicted", "mean"), measured=("measured", "mean"))
+    out["measured_ks"] = "replay"
+    return out, ""
+
+
+def alternatives(gpu: str) -> tuple[pd.DataFrame, str]:
+    return analysis.safe(analysis.alternatives, gpu, "alternatives")
+
+
+def bench(gpu: str) -> tuple[pd.DataFrame, str]:
+    return analysis.safe(analysis.bench, gpu)
+
+
+# -- decision map ------------------------------------------------------------------------------------------------
+MAP_ALPHAS = np.round(np.arange(0.0, 0.96, 0.025), 3)
+MAP_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def _iid_alpha(tokens_per_step: float, k: int) -> float:
+    """The i.i.d. acceptance alpha whose expected tokens per step at k equals `tokens_per_step` (NaN outside)."""
+    if not (1 <= tokens_per_step <= k + 1) or not np.isfinite(tokens_per_step):
+        return np.nan
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if analysis.iid_tokens_per_step(mid, k) < tokens_per_step else (lo, mid)
+    return (lo + hi) / 2
+
+
+def decision_map(gpu: str, context: float = predict.DEFAULT_CONTEXT) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """(map, points, note). map: predicted best SD speedup (draft model or EAGLE head, best k in 1..K_MAX) over
+    batch size x i.i.d. acceptance alpha, steady state at `context` KV tokens, under the profile's cost source
+    (columns batch, alpha, best_k, speedup). points: the profile's measured draft-model / EAGLE cells at k > 0
+    (batch, k, alpha = the i.i.d. alpha with their measured tokens per sequence-step, speedup with CI, engine,
+    trace), so where model and measurement disagree is visible. n-gram cells are left out (no draft cost)."""
+    from ..data import config as cfgmod
+    if measured(gpu, "batch"):
+        pair = cfgmod.load_study("batch", gpu)["pair"] if gpu in hardware.profile_names() else None
+        costs = costmodel.load(gpu, pair) if pair else None
+    else:
+        _, costs = inputs(gpu)
+    if costs is None:
+        return pd.DataFrame(), pd.DataFrame(), f"no cost source for '{gpu}'"
+    rows = []
+    for b in MAP_BATCHES:
+        base = costs.step_s(b, 0, context)
+        for a in MAP_ALPHAS:
+            sp = {k: analysis.iid_tokens_per_step(a, k) * base / costs.step_s(b, k, context, "draft")
+                  for k in range(1, predict.K_MAX + 1)}
+            k = max(sp, key=sp.get)
+            rows.append({"batch": b, "alpha": float(a), "best_k": k, "speedup": float(sp[k])})
+    grid = pd.DataFrame(rows)
+    pts = pd.DataFrame()
+    if measured(gpu, "batch"):
+        sp, _ = analysis.safe(analysis.speedup, gpu, "batch")
+        if len(sp):
+            from . import fidelity
+            sp = sp[(sp["k"] > 0) & sp["proposer"].isin(["draft", "eagle", "eagle3"])].copy()
+            # acceptance per proposing step (both engines' counters), not diluted by finished sequences
+            sp["tokens_per_step"] = sp["run_id"].map(fidelity.tokens_per_step(gpu, "batch"))
+            sp["alpha"] = [_iid_alpha(t, int(k)) for t, k in zip(sp["tokens_per_step"], sp["k"])]
+            keep = [c for c in ("engine", "trace", "batch", "k", "proposer", "alpha", "tokens_per_step",
+                                "speedup", "ci_lo", "ci_hi") if c in sp]
+            pts = sp[keep].reset_index(drop=True)
+    note = (f"costs: {costs.describe()}; context {context:.0f} KV tokens/seq; proposer draft model / EAGLE head "
+            f"({'measured cells overlaid' if len(pts) else 'no measured draft-model cells on this profile'})")
+    return grid, pts, note
