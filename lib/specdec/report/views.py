@@ -3,18 +3,15 @@
 For a study with complete raw runs in data/raw/<gpu>/<study>/ every view returns the `analysis` table
 unchanged. Otherwise, where a trace collection (data/traces, see traces.py) and a cost source for its pair on
 this profile exist (costmodel.load: published coefficients, e.g. the paper's H100 fit, else a roofline prior),
-the view returns a prediction in the same columns, with `basis` = "predicted" and `source` naming both
-inputs. Studies that cannot be predicted (alternatives, bench) return empty tables and a reason. `mode()`
-says which of the three applies; a profile where no study has anything to show is a one-line error.
-
-Predicted batch cells use the paper's protocol (replay.py): the four datasets of the collection, EAGLE and
-n-gram proposers at k = 3 (the paper's setting), batch 1..128, prefill counted. Held-out datasets are shown
-and flagged (`held_out`); nothing here is fitted to them.
+the view returns predicted.py's table of the same name, with `basis` = "predicted" (or "traced") and `source`
+naming both inputs: the columns the figures read, not every measured column (the measured tables also carry
+run ids, CIs and counters a prediction has no value for). One decision per view, `_pick`. Studies that cannot
+be predicted (alternatives, bench) return empty tables and a reason. `mode()` says which of the three
+applies; a profile where no study has anything to show is a one-line error.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 import pandas as pd
@@ -22,13 +19,11 @@ import pandas as pd
 from ..data import hardware, tables
 from ..data import traces as tr
 from ..errors import SpecdecError
-from ..model import acceptance, costmodel, predict, replay
-from . import advise, analysis
+from ..model import costmodel, predict, replay
+from . import advise, analysis, predicted
+from .predicted import BATCHES, K_PAPER, inputs
 
 PREDICTABLE = ("batch", "acceptance", "hardware", "validation", "claims")
-BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
-K_PAPER = 3
-CONTEXTS = (256, 1024)
 
 
 @dataclass(frozen=True)
@@ -45,24 +40,6 @@ def measured(gpu: str, study: str) -> bool:
     """True when data/raw/<gpu>/<study> has complete runs under the current config (or imported ones)."""
     studies = ("batch", "hardware", "acceptance") if study in ("validation", "claims") else (study,)
     return any(tables.has_runs(gpu, s) for s in studies)
-
-
-@lru_cache(maxsize=32)
-def inputs(gpu: str) -> tuple[str, costmodel.CostModel]:
-    """(trace collection, cost model) for predictions on `gpu`: a collection recorded on this profile if any,
-    else any collection (acceptance is a property of the model pair, not of the hardware); the cost source
-    is costmodel.load for the collection's pair. None available is a one-line error."""
-    hardware.load_profile(gpu)
-    names = tr.for_profile(gpu) or tr.collections()
-    if not names:
-        raise SpecdecError("no trace collection under data/traces (run `specdec import-traces`)")
-    errors = []
-    for name in names:
-        try:
-            return name, costmodel.load(gpu, tr.source(name)["pair"])
-        except SpecdecError as e:
-            errors.append(str(e))
-    raise SpecdecError(f"nothing to predict on '{gpu}': {'; '.join(errors)}")
 
 
 def synthetic(gpu: str, study: str) -> bool:
@@ -104,51 +81,14 @@ def check(gpu: str) -> list[str]:
     return lines
 
 
-def _sets(gpu: str):
-    name, costs = inputs(gpu)
-    return [(tr.load(name, d, p), costs) for d in tr.datasets(name) for p in tr.PROPOSERS]
-
-
-def _label(ts: tr.TraceSet) -> str:
-    return f"{ts.proposer}: {ts.dataset}" + (" (held out)" if ts.held_out else "")
-
-
-def _base(gpu: str, ts: tr.TraceSet, costs) -> dict:
-    return {"profile": gpu, "engine": "predicted", "pair": ts.pair, "mode": "static", "temperature": 0.0,
-            "alpha": np.nan, "quant": "none", "rate": np.nan, "context": np.nan, "requests": np.nan,
-            "dataset": ts.dataset, "held_out": ts.held_out, "basis": "predicted",
-            "source": f"traces {ts.name}/{ts.dataset} + {costs.source} costs"}
-
-
 # -- batch ----------------------------------------------------------------------------------------------------
-@lru_cache(maxsize=16)
-def _predicted_speedup(gpu: str) -> pd.DataFrame:
-    rows = []
-    for ts, costs in _sets(gpu):
-        for b in BATCHES:
-            base_lat = replay.request_latencies(ts, costs, b, 0)
-            base_tp = float(np.mean(b * base_lat["tokens"] / base_lat["org_s"]))
-            for k in (0, K_PAPER):
-                r = replay.speedup(ts, costs, b, k) if k else {"speedup": 1.0, "ci_lo": 1.0, "ci_hi": 1.0,
-                                                              "tokens_per_step": 1.0}
-                tp = base_tp * r["speedup"]
-                rows.append({**_base(gpu, ts, costs), "batch": b, "k": k, "proposer": _label(ts) if k else "none",
-                             "n_units": len(replay.sample(ts)), "tokens_per_seq_step": r["tokens_per_step"],
-                             "throughput_tok_s": tp, "tp_ci_lo": base_tp * r["ci_lo"], "tp_ci_hi": base_tp * r["ci_hi"],
-                             "speedup": r["speedup"], "ci_lo": r["ci_lo"], "ci_hi": r["ci_hi"],
-                             "note": "baseline" if k == 0 else "predicted (trace replay, prefill counted)",
-                             "traced_proposer": ts.proposer})
-    df = pd.DataFrame(rows)
-    # one no-SD row per batch size (all trace sets share the cost model; keep the first as the baseline row)
-    return pd.concat([df[df["k"] == 0].drop_duplicates("batch"), df[df["k"] > 0]], ignore_index=True)
 
 
 def speedup(gpu: str) -> pd.DataFrame:
-    """analysis.speedup(gpu, "batch") where measured, else the predicted table (same columns + basis, source)."""
-    if measured(gpu, "batch"):
-        return analysis.speedup(gpu, "batch").assign(basis="measured", source=f"data/raw/{gpu}/batch")
-    _require_predictable(gpu, "batch")
-    return _predicted_speedup(gpu).copy()
+    """analysis.speedup(gpu, "batch") where measured, else predicted.speedup (same columns + basis, source)."""
+    return _pick(gpu, "batch",
+                 lambda: analysis.speedup(gpu, "batch").assign(basis="measured", source=f"data/raw/{gpu}/batch"),
+                 lambda: predicted.speedup(gpu).copy())
 
 
 def _require_predictable(gpu: str, study: str) -> None:
@@ -157,22 +97,20 @@ def _require_predictable(gpu: str, study: str) -> None:
         raise SpecdecError(src.text)
 
 
+def _pick(gpu: str, study: str, measured_tables, predicted_tables):
+    """The one measured-or-predicted decision of a view: measured_tables() where `study` has raw runs on `gpu`,
+    else predicted_tables() (predicted.py) where the study can be predicted there, else the reason as a
+    one-line error."""
+    if measured(gpu, study):
+        return measured_tables()
+    _require_predictable(gpu, study)
+    return predicted_tables()
+
+
 def draft_overhead(gpu: str) -> tuple[pd.DataFrame, str]:
     """(table, note): share of step time spent proposing; predicted from the cost model at k=3."""
-    if measured(gpu, "batch"):
-        return analysis.safe(analysis.draft_overhead, gpu, "batch")
-    _require_predictable(gpu, "batch")
-    rows = []
-    for ts, costs in _sets(gpu):
-        ctx = float(np.mean([r.prompt_len + r.generated_len / 2 for r in ts.requests]))
-        for b in BATCHES:
-            draft, verify, other = map(float, costs.step_parts(b, K_PAPER, ctx, ts.proposer))
-            tot = draft + verify + other
-            rows.append({**_base(gpu, ts, costs), "batch": b, "k": K_PAPER, "proposer": _label(ts),
-                         "n_steps": np.nan, "draft_s": draft, "verify_s": verify, "other_s": other,
-                         "draft_frac": draft / tot, "ci_lo": np.nan, "ci_hi": np.nan, "verify_frac": verify / tot,
-                         "context": ctx})
-    return pd.DataFrame(rows), ""
+    return _pick(gpu, "batch", lambda: analysis.safe(analysis.draft_overhead, gpu, "batch"),
+                 lambda: (predicted.draft_overhead(gpu), ""))
 
 
 def contention(gpu: str) -> pd.DataFrame:
@@ -206,127 +144,53 @@ def roofline(gpu: str) -> tuple[pd.DataFrame, str]:
 
 
 # -- acceptance -------------------------------------------------------------------------------------------------
-def _replayed(gpu: str, k: int = 6):
-    """(trace set, its ReplayAcceptance up to k) for every trace set of the profile's collection."""
-    return [(ts, predict.replay_acceptance(ts, k)) for ts, _ in _sets(gpu)]
 
 
 def position_acceptance(gpu: str) -> tuple[pd.DataFrame, str]:
     """Per-position conditional acceptance; predicted: the published traces replayed at k = 6."""
-    if measured(gpu, "acceptance"):
-        return analysis.safe(analysis.position_acceptance, gpu, "acceptance")
-    _require_predictable(gpu, "acceptance")
-    rows = []
-    rng = np.random.default_rng(0)
-    for ts, acc in _replayed(gpu):
-        k = acc.max_k
-        p = acc.conditionals(k)
-        boots = np.array([acc.resample(rng).conditionals(k) for _ in range(100)])
-        lo, hi = np.nanpercentile(boots, [2.5, 97.5], axis=0)
-        for j in range(k):
-            rows.append({"profile": gpu, "proposer": ts.proposer, "temperature": 0.0, "prompt_set": ts.dataset,
-                         "k": k, "batch": 1, "position": j + 1, "p_accept": p[j], "ci_lo": lo[j], "ci_hi": hi[j],
-                         "tried": acc.per_k[k].tried_total[j], "basis": "traced",
-                         "held_out": ts.held_out})
-    return pd.DataFrame(rows), ""
+    return _pick(gpu, "acceptance", lambda: analysis.safe(analysis.position_acceptance, gpu, "acceptance"),
+                 lambda: (predicted.position_acceptance(gpu), ""))
 
 
 def request_acceptance(gpu: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """(per-request table, summary, note); traced: per-request acceptance at k = 3 from the replay."""
-    if measured(gpu, "acceptance"):
+    def measured_tables():
         req, note = analysis.safe(analysis.request_acceptance, gpu, "acceptance")
         summ, _ = analysis.safe(analysis.acceptance_summary, gpu, "acceptance")
         return req, summ, note
-    _require_predictable(gpu, "acceptance")
-    rows = []
-    for ts, acc in _replayed(gpu):
-        m = acc.per_k[K_PAPER]
-        a = np.divide(m.acc.sum(1), m.tried.sum(1), out=np.full(len(m.tried), np.nan), where=m.tried.sum(1) > 0)
-        rows += [{"profile": gpu, "proposer": ts.proposer, "temperature": 0.0, "prompt_set": ts.dataset,
-                  "k": K_PAPER, "alpha_measured": x, "basis": "traced"} for x in a]
-    req = pd.DataFrame(rows)
-    summ = (req.groupby(["proposer", "temperature", "prompt_set", "k"], as_index=False)
-            .agg(n_requests=("alpha_measured", "size"), alpha_measured=("alpha_measured", "mean")))
-    return req, summ, ""
+    return _pick(gpu, "acceptance", measured_tables,
+                 lambda: (predicted.request_acceptance(gpu), predicted.acceptance_summary(gpu), ""))
 
 
 def iid_prediction(gpu: str) -> tuple[pd.DataFrame, str]:
     """Tokens per step from the traces vs the i.i.d. formula at the same pooled acceptance, k = 1..6."""
-    if measured(gpu, "acceptance"):
-        return analysis.safe(analysis.iid_prediction, gpu, "acceptance")
-    _require_predictable(gpu, "acceptance")
-    rows = []
-    for ts, acc in _replayed(gpu):
-        for k in range(1, acc.max_k + 1):
-            m = acc.per_k[k]
-            tps, pred = m.expected_tokens(k), acc.iid_expected_tokens(k)
-            rows.append({"proposer": ts.proposer, "temperature": 0.0, "k": k, "batch": 1, "alpha": np.nan,
-                         "prompt_set": ts.dataset, "alpha_measured": m.iid_alpha, "measured_tps": tps,
-                         "measured_ci_lo": np.nan, "measured_ci_hi": np.nan, "predicted_tps": pred,
-                         "error": pred / tps - 1, "error_ci_lo": np.nan, "error_ci_hi": np.nan,
-                         "synthetic": False, "basis": "traced"})
-    return pd.DataFrame(rows), ""
+    return _pick(gpu, "acceptance", lambda: analysis.safe(analysis.iid_prediction, gpu, "acceptance"),
+                 lambda: (predicted.iid_prediction(gpu), ""))
 
 
 def break_even(gpu: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """(speedup vs i.i.d. alpha per batch size, break-even per batch size, note).
 
-    Measured: the synthetic-acceptance cells. Predicted: the cost model's step times at k = 3 with the
-    i.i.d. tokens per step (1 - a^(k+1)) / (1 - a), EAGLE's draft cost, mean context of the collection."""
-    if measured(gpu, "acceptance"):
+    Measured: the synthetic-acceptance cells. Predicted: predicted.synthetic_speedup and predicted.break_even."""
+    def measured_tables():
         syn, note = analysis.safe(analysis.synthetic_speedup, gpu, "acceptance")
         be, _ = analysis.safe(analysis.break_even, gpu, "acceptance")
         return syn, be, note
-    _require_predictable(gpu, "acceptance")
-    name, costs = inputs(gpu)
-    ctx = float(np.mean([r.prompt_len + r.generated_len / 2 for ts, _ in _sets(gpu) for r in ts.requests]))
-    rows, brk = [], []
-    for b in (1, 8, 32, 128):
-        for a in np.linspace(0.1, 1.0, 10):
-            s = acceptance.iid_expected_tokens(a, K_PAPER) * float(costs.step_s(b, 0, ctx)) / \
-                float(costs.step_s(b, K_PAPER, ctx, "eagle"))
-            rows.append({"batch": b, "k": K_PAPER, "alpha": round(float(a), 2), "speedup": s, "ci_lo": np.nan,
-                         "ci_hi": np.nan, "basis": "predicted"})
-        be = predict.break_even_alpha(costs, b, K_PAPER, ctx, "eagle")
-        brk.append({"profile": gpu, "pair": tr.source(name)["pair"], "batch": b, "k": K_PAPER, "proposer": "eagle",
-                    "break_even": np.nan if be is None else be, "ci_lo": np.nan, "ci_hi": np.nan,
-                    "note": "" if be is not None else "no alpha breaks even", "basis": "predicted",
-                    "context": ctx})
-    return pd.DataFrame(rows), pd.DataFrame(brk), ""
+    return _pick(gpu, "acceptance", measured_tables,
+                 lambda: (predicted.synthetic_speedup(gpu), predicted.break_even(gpu), ""))
 
 
 # -- hardware -------------------------------------------------------------------------------------------------
 def forward_times(gpu: str) -> pd.DataFrame:
     """analysis.forward_times where measured; else the cost model's target forwards and draft steps."""
-    if measured(gpu, "hardware"):
-        return analysis.forward_times(gpu, "hardware").assign(basis="measured")
-    _require_predictable(gpu, "hardware")
-    name, costs = inputs(gpu)
-    rows = []
-    for b in BATCHES:
-        for q in (1, 2, 4, 8):
-            for ctx in CONTEXTS:
-                t = float(costs.forward_s("target", b, q, ctx))
-                rows.append({"profile": gpu, "engine": "predicted", "pair": costs.pair, "model": "target", "batch": b,
-                             "query": q, "context": ctx, "tokens": b * q, "n": 0, "seconds": t, "ci_lo": np.nan,
-                             "ci_hi": np.nan, "tokens_per_s": b * q / t, "basis": "predicted"})
-                if q > 1:  # the proposer's whole step for k = q - 1 (a published draft cost is per step)
-                    d = float(costs.draft_s(b, q - 1, ctx, "eagle"))
-                    rows.append({**rows[-1], "model": "draft step (k = query-1)", "seconds": d,
-                                 "tokens_per_s": b * (q - 1) / d})
-    return pd.DataFrame(rows)
+    return _pick(gpu, "hardware", lambda: analysis.forward_times(gpu, "hardware").assign(basis="measured"),
+                 lambda: predicted.forward_times(gpu))
 
 
 def forward_ratio(gpu: str) -> pd.DataFrame:
     """analysis.forward_ratio where measured; else EAGLE step / target verify time at the same query."""
-    if measured(gpu, "hardware"):
-        return analysis.forward_ratio(gpu, "hardware").assign(basis="measured")
-    ft = forward_times(gpu)
-    t = ft[ft["model"] == "target"].set_index(["batch", "query", "context"])["seconds"]
-    d = ft[ft["model"] != "target"].set_index(["batch", "query", "context"])["seconds"]
-    both = pd.concat({"draft_s": d, "target_s": t}, axis=1).dropna().reset_index()
-    both["ratio"] = both["draft_s"] / both["target_s"]
-    return both.assign(profile=gpu, ci_lo=np.nan, ci_hi=np.nan, basis="predicted")
+    return _pick(gpu, "hardware", lambda: analysis.forward_ratio(gpu, "hardware").assign(basis="measured"),
+                 lambda: predicted.forward_ratio(gpu))
 
 
 def summary_cells(gpu: str, study: str) -> int:
