@@ -117,7 +117,7 @@ def test_replayed_cells_accept_what_the_trace_says(device_run, tmp_path):
         reqs = pd.read_parquet(meta.parent / "requests.parquet")
         which = "ngram" if m["cell"]["proposer"] == "ngram" else "eagle"
         by_id = {r.id: r.acc_len for r in traces.load("llama3.1-8b-h100", m["cell"]["trace"], which).requests}
-        plist = [p for p in __import__("specdec.harness", fromlist=["x"]).trace_prompts(
+        plist = [p for p in __import__("specdec.engines.harness", fromlist=["x"]).trace_prompts(
             m["config"], 512, m["cell"]["trace"])]
         for (rep, bi), g in steps.groupby(["repeat", "batch_idx"]):
             rq = reqs[(reqs["repeat"] == rep) & (reqs["batch_idx"] == bi)].sort_values("rid")
