@@ -20,9 +20,9 @@ from ..errors import SpecdecError
 from ..model import acceptance, costmodel
 from ..model.acceptance import AcceptanceModel
 from ..model.costmodel import CostModel
-from ..model.predict import (ADVISE_MAX_BATCH, DEFAULT_CONTEXT, K_MAX, MAX_BATCH, MAX_TOKENS, PROPOSERS, Prediction,
-                             break_even_alpha, best_break_even_alpha, break_even_tokens, load_acceptance,
-                             optimal_k, policy, predict, speedup, static_steps,
+from ..model.predict import (ADVISE_MAX_BATCH, DEFAULT_CONTEXT, K_MAX, MAX_BATCH, MAX_TOKENS, PROPOSERS,
+                             Prediction, best_break_even_alpha, break_even_alpha, break_even_tokens,
+                             load_acceptance, optimal_k, policy, predict, speedup, static_steps,
                              vllm_speculative_config)
 from . import analysis
 
