@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -193,7 +194,10 @@ def test_sigint_to_a_real_measure_is_not_success(tmp_path):
     """A real process, interrupted while it measures (or loads): non-zero, so `make measure` stops."""
     env = dict(os.environ, SPECDEC_RAW=str(tmp_path / "raw"))
     proc = subprocess.Popen([sys.executable, "-m", "specdec", "measure", "--study", "batch", "--gpu", "fixture"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # a user's shell delivers SIGINT with its default action; under the full suite the
+                            # pytest process had SIGINT ignored by then, and the child inherited SIG_IGN
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         # the count line comes just before the first cell: signal then, while the 14 fixture cells (~7 s) run (a
         # fixed sleep raced them: on a warm machine the whole grid finished first and the test saw a success)
