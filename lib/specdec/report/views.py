@@ -82,8 +82,6 @@ def check(gpu: str) -> list[str]:
 
 
 # -- batch ----------------------------------------------------------------------------------------------------
-
-
 def speedup(gpu: str) -> pd.DataFrame:
     """analysis.speedup(gpu, "batch") where measured, else predicted.speedup (same columns + basis, source)."""
     return _pick(gpu, "batch",
@@ -95,6 +93,13 @@ def _require_predictable(gpu: str, study: str) -> None:
     src = mode(gpu, study)
     if src.kind == "none":
         raise SpecdecError(src.text)
+
+
+def _two(first, second, gpu: str, study: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """(first table, second table, the first's note) of two analysis functions over the same runs."""
+    a, note = analysis.safe(first, gpu, study)
+    b, _ = analysis.safe(second, gpu, study)
+    return a, b, note
 
 
 def _pick(gpu: str, study: str, measured_tables, predicted_tables):
@@ -144,8 +149,6 @@ def roofline(gpu: str) -> tuple[pd.DataFrame, str]:
 
 
 # -- acceptance -------------------------------------------------------------------------------------------------
-
-
 def position_acceptance(gpu: str) -> tuple[pd.DataFrame, str]:
     """Per-position conditional acceptance; predicted: the published traces replayed at k = 6."""
     return _pick(gpu, "acceptance", lambda: analysis.safe(analysis.position_acceptance, gpu, "acceptance"),
@@ -154,11 +157,8 @@ def position_acceptance(gpu: str) -> tuple[pd.DataFrame, str]:
 
 def request_acceptance(gpu: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """(per-request table, summary, note); traced: per-request acceptance at k = 3 from the replay."""
-    def measured_tables():
-        req, note = analysis.safe(analysis.request_acceptance, gpu, "acceptance")
-        summ, _ = analysis.safe(analysis.acceptance_summary, gpu, "acceptance")
-        return req, summ, note
-    return _pick(gpu, "acceptance", measured_tables,
+    return _pick(gpu, "acceptance",
+                 lambda: _two(analysis.request_acceptance, analysis.acceptance_summary, gpu, "acceptance"),
                  lambda: (predicted.request_acceptance(gpu), predicted.acceptance_summary(gpu), ""))
 
 
@@ -172,11 +172,8 @@ def break_even(gpu: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """(speedup vs i.i.d. alpha per batch size, break-even per batch size, note).
 
     Measured: the synthetic-acceptance cells. Predicted: predicted.synthetic_speedup and predicted.break_even."""
-    def measured_tables():
-        syn, note = analysis.safe(analysis.synthetic_speedup, gpu, "acceptance")
-        be, _ = analysis.safe(analysis.break_even, gpu, "acceptance")
-        return syn, be, note
-    return _pick(gpu, "acceptance", measured_tables,
+    return _pick(gpu, "acceptance",
+                 lambda: _two(analysis.synthetic_speedup, analysis.break_even, gpu, "acceptance"),
                  lambda: (predicted.synthetic_speedup(gpu), predicted.break_even(gpu), ""))
 
 
