@@ -65,7 +65,7 @@ $(BUILD)/notebooks/%.ipynb: notebooks/%.ipynb $(STAMP) $(LIB) $(wildcard configs
 	@$(PY) -m specdec sources --gpu $(GPU) > /dev/null
 	@$(PY) -m specdec tables --gpu $(GPU) > /dev/null
 	@mkdir -p $(@D)
-	SPECDEC_GPU=$(GPU) $(PY) -m papermill --log-level WARNING --cwd notebooks $< $@ -p gpu $(GPU)
+	SPECDEC_GPU=$(GPU) $(PY) -m papermill --log-level WARNING --cwd notebooks $< $@ -p profile $(GPU)
 
 $(BUILD)/notebooks/batch.ipynb: $(call raw,batch) $(TRACES)
 $(BUILD)/notebooks/acceptance.ipynb: $(call raw,acceptance) $(TRACES)

@@ -1,6 +1,8 @@
 """End-to-end calibration of the published H100 fit on measured speedups (issue 12 item 2)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -99,3 +101,62 @@ def test_validation_intervals_resample_costs_and_acceptance():
     assert 0 <= v.attrs["coverage"] <= 1
     assert v.attrs["coverage"] == pytest.approx(v["covered"].mean())
     assert "pred_lo" not in advise.validate("cpu")  # n_boot=0: no interval, no cost
+
+
+def _step_tables(slow: dict | None = None):
+    """Synthetic batch-study tables whose step times follow a known linear cost exactly (target
+    1e-3 + 1e-4*tokens + 1e-7*kv_tokens s, draft 2e-4 + 1e-8*kv_tokens s per proposed token,
+    independent of tokens: the model's first draft forward carries 2 tokens): k=0 cells at bs 1, 4,
+    16 and paired draft-model SD cells at bs 1, 4, 16 with k 2 and 3; `slow` = {run_id: factor} plants a
+    structural error: that cell's SD steps take factor times the model's seconds."""
+    tgt = lambda tokens, kv: 1e-3 + 1e-4 * tokens + 1e-7 * kv
+    dft = lambda tokens, kv: 2e-4 + 1e-8 * kv
+    b, st, rq = [], [], []
+    cells = [(bs, 0) for bs in (1, 4, 16)] + [(bs, k) for bs in (1, 4, 16) for k in (2, 3)]
+    for bs, k in cells:
+        rid = f"bs{bs}-k{k}-{'draft' if k else 'none'}-t0-test"
+        f = (slow or {}).get(rid, 1.0)
+        for bi, width in enumerate((40, 80, 120)):
+            ctx = width + 8 / 2
+            common = {"run_id": rid, "repeat": 0, "batch_idx": bi, "k": k, "batch": bs, "size": bs,
+                      "proposer": "draft" if k else "none", "engine": "torch", "pair": "p"}
+            rq += [{**common, "prompt_tokens": width, "new_tokens": 8} for _ in range(bs)]
+            base_s = tgt(bs, bs * ctx)
+            if k:
+                verify, draft = tgt(bs * (k + 1), bs * ctx) * f, k * dft(bs, bs * ctx) * f
+                st += [{**common, "step": i, "verify_s": verify, "other_s": 0.0, "draft_s": draft} for i in range(3)]
+                b.append({**common, "arm": "cell", "steps": 3, "decode_s": 3 * (verify + draft), "decode_tokens": 8 * bs})
+                b.append({**common, "arm": "base", "k": 0, "steps": 8, "decode_s": 8 * base_s, "decode_tokens": 8 * bs})
+            else:
+                b.append({**common, "arm": "cell", "steps": 8, "decode_s": 8 * base_s, "decode_tokens": 8 * bs})
+    return {"batches": pd.DataFrame(b), "steps": pd.DataFrame(st), "requests": pd.DataFrame(rq)}
+
+
+def test_cross_validated_structural_error_recovers_a_planted_one(monkeypatch):
+    """Issue 12 item 3: fit_steps leaves each calibration cell out in turn; an exact model has no structural error,
+    and a cell planted 1.3x slower than the model is predicted, when left out, with log error log(1.3)."""
+    cal = ["bs*-k*-draft-*"]
+    for slow, check in ((None, 0.0), ({"bs4-k3-draft-t0-test": 1.3}, np.log(1.3))):
+        t = _step_tables(slow)
+        monkeypatch.setattr(costmodel.tables, "load", lambda profile, study, table, t=t: t[table])
+        costs = costmodel.fit_steps("cpu", cal)
+        assert costs.cv_n == 6
+        err = costmodel._left_out_error("cpu", cal, "p", t["batches"], t["steps"], t["requests"],
+                                        "bs4-k3-draft-t0-test")
+        assert err == pytest.approx(check, abs=1e-6)
+        if slow is None:
+            assert costs.cv_log_err == pytest.approx(0, abs=1e-6)
+        else:
+            assert costs.cv_log_err >= np.log(1.3) / np.sqrt(6) and "6 left-out" in costs.describe()
+    assert costmodel.fit_steps("cpu", cal, cross_validate=False).cv_n == 0
+
+
+def test_structural_draw_widens_only_where_estimated():
+    """No estimate: the draw is 1.0 and takes nothing from the generator (published and microbenchmark costs keep
+    their intervals); an estimate of 10% over many cells gives draws whose log has a standard deviation near 0.1."""
+    c = costmodel.CostModel("fixture", "tiny", "fitted", costmodel.LinearCost(1e-3, 1e-4, 0), None)
+    rng = np.random.default_rng(0)
+    assert c.structural_draw(rng) == 1.0 and rng.random() == np.random.default_rng(0).random()
+    wide = replace(c, cv_log_err=0.1, cv_n=1000)
+    logs = np.log([wide.structural_draw(rng) for _ in range(4000)])
+    assert np.std(logs) == pytest.approx(0.1, rel=0.1) and abs(np.mean(logs)) < 0.01

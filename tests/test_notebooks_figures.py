@@ -57,7 +57,7 @@ def test_notebook_writes_its_figures_and_tables(stem, tmp_path, monkeypatch):
         monkeypatch.setenv("SPECDEC_BUILD", str(build))
         monkeypatch.setenv("SPECDEC_GPU", "fixture")
         papermill.execute_notebook(str(NOTEBOOKS / f"{stem}.ipynb"), str(tmp_path / f"{stem}.out.ipynb"),
-                                   parameters={"gpu": "fixture"}, kernel_name="python3", cwd=str(NOTEBOOKS),
+                                   parameters={"profile": "fixture"}, kernel_name="python3", cwd=str(NOTEBOOKS),
                                    progress_bar=False)
     want = studies.OUTPUTS[stem]
     for name in want["figures"]:

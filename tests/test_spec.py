@@ -64,3 +64,21 @@ def test_one_proposer_registry_drives_every_engine_and_model():
         assert costs.draft_s(1, 3, 100, name) >= 0
     with pytest.raises(SpecdecError, match="unknown proposer 'none'"):
         costs.draft_s(1, 3, 100, "none")
+
+
+def test_the_engines_settings_are_the_studys_generation_plus_the_cell():
+    """Issue 14: one generation type. GenConfig extends spec.Generation (its fields are declared once), and a
+    cell's settings are built from the study's section and the cell in one place."""
+    from dataclasses import fields
+
+    from specdec.data.spec import Cell, Generation, Study
+    from specdec.engines.engine import GenConfig
+    assert {f.name for f in fields(Generation)} <= {f.name for f in fields(GenConfig)}
+    st = Study.from_dict({"pair": "tiny", "generation": {"max_new_tokens": 7, "ngram_match": "latest",
+                                                        "ngram_max": 2}})
+    g = GenConfig.from_cell(st.generation, Cell(batch=2, k=3, proposer="ngram", temperature=0.5, alpha=0.25), 11)
+    assert (g.max_new_tokens, g.ngram_match, g.ngram_max, g.k, g.proposer, g.temperature, g.seed,
+            g.synthetic_alpha) == (7, "latest", 2, 3, "ngram", 0.5, 11, 0.25)
+    assert GenConfig().ngram_match == "earliest" and Generation().ngram_match == "latest"  # legacy configs
+    with pytest.raises(SpecdecError, match="unknown proposer"):
+        GenConfig.from_cell(st.generation, Cell(batch=1, k=2, proposer="eagle3"), 0)

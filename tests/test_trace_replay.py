@@ -32,7 +32,7 @@ def test_replayed_acceptance_reproduces_the_traces_tokens_per_step(proposer):
     reqs = traces.load(PAPER, "cnn", "eagle").requests[:3]
     accs = tuple(r.acc_len[:40] for r in reqs)
     k = 3
-    cfg = GenConfig(k=k, proposer=proposer, max_new_tokens=40, acceptance_trace=accs).validate()
+    cfg = GenConfig(k=k, proposer=proposer, max_new_tokens=40, replay=accs).validate()
     prompts = [pair.tokenizer.encode(t) for t in ("def f(x): return x", "hello hello hello", "abc abc")]
     eng = generate(pair.target, pair.draft, prompts, cfg, pair.tokenizer.eos_token_id)[0]
     for i, acc in enumerate(accs):
@@ -48,17 +48,17 @@ def test_replay_differs_from_the_models_own_acceptance():
     prompts = [pair.tokenizer.encode("def f(x): return x")]
     own = generate(pair.target, pair.draft, prompts, GenConfig(k=3, max_new_tokens=30).validate())[0]
     forced = generate(pair.target, pair.draft, prompts,
-                      GenConfig(k=3, max_new_tokens=30, acceptance_trace=((4,) * 30,)).validate())[0]
+                      GenConfig(k=3, max_new_tokens=30, replay=((4,) * 30,)).validate())[0]
     assert all(r["accepted"][0] == 3 for r in forced.steps[:-1])
     assert [r["accepted"][0] for r in own.steps] != [r["accepted"][0] for r in forced.steps]
 
 
 @pytest.mark.parametrize("bad", [(), ((),), ((1, 0, 2),), ((1.5,),)])
 def test_bad_replay_traces_are_one_line_errors(bad):
-    with pytest.raises(SpecdecError, match="acceptance_trace"):
-        GenConfig(k=3, acceptance_trace=bad).validate()
+    with pytest.raises(SpecdecError, match="replayed acceptance trace must hold"):
+        GenConfig(k=3, replay=bad).validate()
     with pytest.raises(SpecdecError, match="exclude each other"):
-        GenConfig(k=3, acceptance_trace=((2,),), synthetic_alpha=0.5).validate()
+        GenConfig(k=3, replay=((2,),), synthetic_alpha=0.5).validate()
 
 
 def test_synthetic_models_have_the_exact_shapes_of_their_configs():

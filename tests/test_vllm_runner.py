@@ -332,6 +332,7 @@ def fake_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(hardware, "describe_machine", lambda: {"cuda": True, "gpu": "NVIDIA H100 80GB HBM3"})
     monkeypatch.setattr(rawdata, "versions", lambda: {"python": "x"})
     monkeypatch.setattr(vr, "have_vllm", lambda: True)
+    monkeypatch.setattr(vr, "ONE_ENGINE_PER_PROCESS", False)  # the fake engines share one process
     monkeypatch.setattr(vr, "_free_memory", lambda: None)
     monkeypatch.setattr(vr.probe, "read_gbs", lambda: {"read_gbs": 10.0})
     monkeypatch.setattr(vr, "_tokenized_prompts", lambda cfg: PLIST)
@@ -480,6 +481,11 @@ def test_measure_keeps_the_base_engine_for_paired_cells(fake_gpu, monkeypatch):
     assert FakeLLM.instances[1].closed and all(llm.closed for llm in FakeLLM.instances)
     bat = rawdata.load("batch", "h100", "batches", warn=lambda *_: None)
     assert set(bat[bat["k"] > 0]["arm"]) == {"cell", "base"} and set(bat[bat["k"] == 0]["arm"]) == {"cell"}
+    # a paired SD cell in a process where nothing runs yet starts its SD engine first (its start needs more
+    # memory than the no-SD engine's; with both fp32 engines the cpu profile sits at its memory edge)
+    FakeLLM.instances = []
+    vr.measure("batch", "h100", only="bs2-k1-draft-t0", echo=lambda *_: None)
+    assert [("speculative_config" in llm.kwargs) for llm in FakeLLM.instances] == [True, False]
 
 
 def test_a_model_folder_without_config_is_one_line(tmp_path):
@@ -496,3 +502,24 @@ def test_an_engine_that_fails_to_start_is_one_line(tmp_path):
         vr.Engines(broken).get({"model": "some/hub-id"}, "bs1-k0-none-t0")
     assert str(err.value) == ("vLLM could not start the engine for bs1-k0-none-t0 (some/hub-id): RuntimeError: "
                               "Engine core initialization failed. See root cause above.")
+
+
+def test_each_engine_configuration_runs_in_its_own_process(fake_gpu, monkeypatch):
+    """vLLM 0.32 cannot start an engine after an n-gram engine in one process: measure hands each engine
+    configuration (cells that differ only in batch size share one) to a child `specdec measure --only`, and
+    stops at the first child that fails."""
+    import subprocess as sp
+    monkeypatch.setattr(vr, "ONE_ENGINE_PER_PROCESS", True)
+    calls = []
+
+    def child(cmd):
+        calls.append(cmd)
+        return 0 if len(calls) < 3 else 1
+    monkeypatch.setattr(sp, "call", child)
+    lines = []
+    with pytest.raises(SpecdecError, match="child process for .* failed \\(exit 1\\)"):
+        vr.measure("batch", "h100", only="bs1-k1-*,bs2-k1-*,bs1-k0-*", echo=lines.append)
+    ids = [c[c.index("--only") + 1] for c in calls]
+    assert ids == ["bs1-k0-none-t0", "bs1-k1-draft-t0,bs2-k1-draft-t0", "bs1-k1-ngram-t0,bs2-k1-ngram-t0"]
+    assert all(c[:3] == [sys.executable, "-m", "specdec"] and c[c.index("--engine") + 1] == "vllm" for c in calls)
+    assert FakeLLM.instances == [] and sum("in a child process" in x for x in lines) == 3

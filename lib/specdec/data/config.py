@@ -103,10 +103,11 @@ def analysis_settings(study: str, profile: str) -> dict:
 
 
 def select(cells: list[dict], only: str | None, study: str) -> list[dict]:
-    """The cells whose id (cell_id) matches the shell pattern `only` (all when None); no match is an error."""
+    """The cells whose id (cell_id) matches the shell pattern `only`, or one of its comma-separated patterns
+    (all cells when None); no match is an error."""
     if only is None:
         return cells
-    out = [c for c in cells if fnmatch.fnmatch(cell_id(c), only)]
+    out = [c for c in cells if any(fnmatch.fnmatch(cell_id(c), p.strip()) for p in only.split(","))]
     if not out:
         raise SpecdecError(f"--only '{only}' matches no cell of study '{study}' (cell ids look like "
                            f"{cell_id(cells[0]) if cells else 'bs1-k3-draft-t0'})")

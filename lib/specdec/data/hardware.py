@@ -16,7 +16,8 @@ def profile_names() -> list[str]:
 
 
 def load_profile(name: str) -> dict:
-    """The profile dict; an unknown name is a one-line error listing the known ones."""
+    """The profile's yaml, loaded and checked (callers name it `hw`; `profile` is always the name); an unknown
+    name is a one-line error listing the known ones."""
     path = paths.configs() / "hardware" / f"{name}.yaml"
     if not path.exists():
         raise SpecdecError(f"unknown hardware profile '{name}'; known: {', '.join(profile_names())}")
@@ -117,25 +118,26 @@ def describe_machine() -> dict:
     return info
 
 
-def check_machine(profile: dict, machine: dict | None = None) -> None:
+def check_machine(hw: dict, machine: dict | None = None) -> None:
     """Refuse to measure under a profile this machine is not (a one-line error)."""
     machine = machine or describe_machine()
-    match = profile.get("match", {})
+    match = hw.get("match", {})
     if match.get("cuda") and not machine.get("cuda"):
-        raise SpecdecError(f"profile '{profile['name']}' needs a CUDA GPU, but this machine has none")
+        raise SpecdecError(f"profile '{hw['name']}' needs a CUDA GPU, but this machine has none")
     model, cores = match.get("cpu_model"), match.get("cores")
     if model and model.lower() not in str(machine.get("cpu", "")).lower() or cores and machine.get("cores") != cores:
-        raise SpecdecError(f"profile '{profile['name']}' is a {cores or '?'}-core '{model or 'any CPU'}' machine; this one "
+        raise SpecdecError(f"profile '{hw['name']}' is a {cores or '?'}-core '{model or 'any CPU'}' machine; this one "
                            f"is a {machine.get('cores')}-core '{machine.get('cpu')}': make a profile of your own "
-                           f"(copy configs/hardware/{profile['name']}.yaml) so runs of different CPUs never mix")
+                           f"(copy configs/hardware/{hw['name']}.yaml) so runs of different CPUs never mix")
     missing = [f for f in match.get("cpu_flags", []) if f not in machine.get("cpu_flags", [])]
     if missing:
-        raise SpecdecError(f"profile '{profile['name']}' needs a CPU with {', '.join(missing)}; this one "
+        raise SpecdecError(f"profile '{hw['name']}' needs a CPU with {', '.join(missing)}; this one "
                            f"({machine.get('cpu', '?')}) lacks it")
     want = match.get("device_name")
     if want and want.lower() not in str(machine.get("gpu", "")).lower():
-        raise SpecdecError(f"profile '{profile['name']}' expects a {want} GPU, found {machine.get('gpu', 'none')}")
+        raise SpecdecError(f"profile '{hw['name']}' expects a {want} GPU, found {machine.get('gpu', 'none')}")
 
 
-def device_for(profile: dict) -> str:
-    return "cuda" if profile.get("kind") == "gpu" else "cpu"
+def device_for(hw: dict) -> str:
+    """"cuda" for a GPU profile's loaded yaml, else "cpu"."""
+    return "cuda" if hw.get("kind") == "gpu" else "cpu"

@@ -1,7 +1,7 @@
 """Processed tables: the raw runs of a study, from either engine, in one schema (the layer between data/raw
 and every analysis, prediction, claim and figure; nothing above it reads raw folders or knows an engine).
 
-`python -m specdec tables --gpu G` writes build/<gpu>/tables/<study>/<name>.parquet and a manifest.json
+`python -m specdec tables --gpu G` writes build/<profile>/tables/<study>/<name>.parquet and a manifest.json
 naming the raw runs they came from (run ids and sha256 of their meta.json). `load()` reads those files when
 the manifest matches data/raw as it is now, and otherwise builds the tables from raw in memory, so a stale
 build/ can never be read.
@@ -89,31 +89,31 @@ class quiet:
         _quiet.pop()
 
 
-def folder(gpu: str, study: str) -> Path:
-    return paths.build_root() / gpu / "tables" / study
+def folder(profile: str, study: str) -> Path:
+    return paths.build_root() / profile / "tables" / study
 
 
-def _where(gpu: str, study: str) -> str:
-    f = paths.raw_root() / gpu / study
+def _where(profile: str, study: str) -> str:
+    f = paths.raw_root() / profile / study
     try:
         return str(f.relative_to(paths.root()))
     except ValueError:
         return str(f)
 
 
-def _check(gpu: str, study: str, name: str | None = None) -> None:
-    if not gpu:
-        raise SpecdecError("no hardware profile given (gpu=...), e.g. 'cpu' or 'fixture'")
+def _check(profile: str, study: str, name: str | None = None) -> None:
+    if not profile:
+        raise SpecdecError("no hardware profile given (profile=...), e.g. 'cpu' or 'fixture'")
     if study not in cfgmod.study_names():
         raise SpecdecError(f"unknown study '{study}'; known: {', '.join(cfgmod.study_names())}")
     if name is not None and name not in NAMES:
         raise SpecdecError(f"unknown table '{name}'; known: {', '.join(NAMES)}")
 
 
-def signature(gpu: str, study: str) -> tuple[str, tuple]:
+def signature(profile: str, study: str) -> tuple[str, tuple]:
     """What the tables are built from: (raw root, ((run folder, sha256 of its meta.json), ...) of every
     complete run). The same run names under another raw root are other runs."""
-    complete, partial, bad = rawdata.scan_all(gpu, study)
+    complete, partial, bad = rawdata.scan_all(profile, study)
     for f in partial:
         _warn(f"skipping partial run {f} (no complete meta.json)")
     for f, why in bad:
@@ -280,23 +280,23 @@ def _from_counters(metas: list[tuple[Path, dict]]) -> tuple[list, list]:
 
 
 # -- build, write, load ----------------------------------------------------------------------------------------
-def build(gpu: str, study: str) -> dict[str, pd.DataFrame]:
+def build(profile: str, study: str) -> dict[str, pd.DataFrame]:
     """Every table of a study on a profile, built from data/raw now (tables no run has are left out)."""
-    _check(gpu, study)
-    return dict(_build_cached(gpu, study, signature(gpu, study)))
+    _check(profile, study)
+    return dict(_build_cached(profile, study, signature(profile, study)))
 
 
 @lru_cache(maxsize=32)
-def _build_cached(gpu: str, study: str, sig: tuple) -> tuple:
+def _build_cached(profile: str, study: str, sig: tuple) -> tuple:
     if not sig[1]:
-        raise SpecdecError(f"no complete raw runs of study '{study}' for profile '{gpu}' in "
-                           f"{_where(gpu, study)} (measure first: python -m specdec measure --study {study} "
-                           f"--gpu {gpu})")
-    metas = rawdata.current_runs(study, gpu, warn=lambda m: _warn(m) if "older config" in m else None)
+        raise SpecdecError(f"no complete raw runs of study '{study}' for profile '{profile}' in "
+                           f"{_where(profile, study)} (measure first: python -m specdec measure --study {study} "
+                           f"--gpu {profile})")
+    metas = rawdata.current_runs(study, profile, warn=lambda m: _warn(m) if "older config" in m else None)
     out = {"runs": _runs(metas)}
     for name in RAW:
         try:
-            out[name] = _normalise(rawdata.load(study, gpu, name, warn=lambda _m: None))
+            out[name] = _normalise(rawdata.load(study, profile, name, warn=lambda _m: None))
         except SpecdecError:
             continue
     if "batches" in out:
@@ -309,29 +309,29 @@ def _build_cached(gpu: str, study: str, sig: tuple) -> tuple:
     return tuple(out.items())
 
 
-def write(gpu: str, studies: list[str] | None = None, echo=print) -> list[Path]:
-    """Write every table of each study that has raw runs on `gpu` (all of them, or `studies`); returns the
+def write(profile: str, studies: list[str] | None = None, echo=print) -> list[Path]:
+    """Write every table of each study that has raw runs on `profile` (all of them, or `studies`); returns the
     manifest paths (none for a profile without raw runs: its views are predicted)."""
     for study in studies or []:
-        _check(gpu, study)
-    found = {s: rawdata.scan_all(gpu, s) for s in (studies or cfgmod.study_names())}
+        _check(profile, study)
+    found = {s: rawdata.scan_all(profile, s) for s in (studies or cfgmod.study_names())}
     bad = [b for _, _, corrupt in found.values() for b in corrupt]
     names = [s for s, (complete, _, _) in found.items() if studies or complete]
     if bad:  # refuse: tables (and every verdict built on them) would silently lack these cells
         raise SpecdecError(f"{len(bad)} corrupt raw run(s), first {bad[0][0]}: {bad[0][1]}; move them out of "
                            f"data/raw (e.g. to data/set-aside/) and re-measure (`specdec status` lists them)")
     if not names:
-        echo(f"no raw runs for profile '{gpu}' under {paths.raw_root() / gpu}: nothing to tabulate")
+        echo(f"no raw runs for profile '{profile}' under {paths.raw_root() / profile}: nothing to tabulate")
     written = []
     for study in names:
-        sig = signature(gpu, study)
-        out = folder(gpu, study)
+        sig = signature(profile, study)
+        out = folder(profile, study)
         manifest = out / "manifest.json"
         if _manifest_matches(manifest, sig):
             written.append(manifest)
             continue
-        tabs = build(gpu, study)
-        _replace_folder(out, tabs, {"gpu": gpu, "study": study, "schema": SCHEMA, "raw_root": sig[0],
+        tabs = build(profile, study)
+        _replace_folder(out, tabs, {"gpu": profile, "study": study, "schema": SCHEMA, "raw_root": sig[0],
                                     "runs": [list(r) for r in sig[1]], "tables": sorted(tabs)})
         echo(f"{study}: {', '.join(f'{n} ({len(d)})' for n, d in tabs.items())} -> {out}")
         written.append(manifest)
@@ -366,28 +366,28 @@ def _manifest_matches(manifest: Path, sig: tuple) -> bool:
         return False
 
 
-def _tables(gpu: str, study: str) -> dict:
+def _tables(profile: str, study: str) -> dict:
     """Every table of a study: from build/ when its manifest matches data/raw, else built now (cached)."""
-    sig = signature(gpu, study)
-    tabs = _read_cached(str(folder(gpu, study)), sig) if sig[1] else None
-    return tabs if tabs is not None else dict(_build_cached(gpu, study, sig))
+    sig = signature(profile, study)
+    tabs = _read_cached(str(folder(profile, study)), sig) if sig[1] else None
+    return tabs if tabs is not None else dict(_build_cached(profile, study, sig))
 
 
-def names(gpu: str, study: str) -> list[str]:
+def names(profile: str, study: str) -> list[str]:
     """The tables the runs of a study have (a profile without runs is a one-line SpecdecError)."""
-    _check(gpu, study)
-    return sorted(_tables(gpu, study))
+    _check(profile, study)
+    return sorted(_tables(profile, study))
 
 
-def load(gpu: str, study: str, name: str) -> pd.DataFrame:
+def load(profile: str, study: str, name: str) -> pd.DataFrame:
     """One processed table (a copy): from build/ when it matches data/raw, else built now. A table no run of
     the study has is a one-line SpecdecError that says why."""
-    _check(gpu, study, name)
-    tabs = _tables(gpu, study)
+    _check(profile, study, name)
+    tabs = _tables(profile, study)
     if name not in tabs:
         engines = set(tabs["runs"]["engine"])
         why = " (vLLM runs record no per-step traces)" if name == "steps" and "vllm" in engines else ""
-        raise SpecdecError(f"the runs of study '{study}' on profile '{gpu}' have no '{name}' table{why}")
+        raise SpecdecError(f"the runs of study '{study}' on profile '{profile}' have no '{name}' table{why}")
     return tabs[name].copy()
 
 
@@ -402,9 +402,9 @@ def _read_cached(where: str, sig: tuple) -> dict | None:
         return None
 
 
-def runs(gpu: str, study: str) -> pd.DataFrame:
+def runs(profile: str, study: str) -> pd.DataFrame:
     """The `runs` table: one row per complete run of the study's current config."""
-    return load(gpu, study, "runs")
+    return load(profile, study, "runs")
 
 
 def profiles(study: str | None = None) -> list[str]:
@@ -413,5 +413,5 @@ def profiles(study: str | None = None) -> list[str]:
     return sorted({f.parent.parent.name for f in complete})
 
 
-def has_runs(gpu: str, study: str) -> bool:
-    return bool(rawdata.scan(gpu, study)[0])
+def has_runs(profile: str, study: str) -> bool:
+    return bool(rawdata.scan(profile, study)[0])

@@ -13,11 +13,11 @@ functions), kv.py holds caches, timing.py is the one synchronized clock.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
-from ..data.spec import PROPOSERS, proposer_names
+from ..data.spec import PROPOSERS, Cell, Generation, proposer_names
 from ..errors import SpecdecError
 from . import ngram, verify
 from .kv import KVState
@@ -26,27 +26,35 @@ from .proposers import DraftProposer, NgramProposer
 from .timing import clock, sync
 
 
-@dataclass
-class GenConfig:
-    """k: proposed tokens per step; temperature 0 means greedy; max_new_tokens per sequence."""
+@dataclass(frozen=True)
+class GenConfig(Generation):
+    """What the engine runs one cell with: the study's generation settings (spec.Generation: max_new_tokens,
+    temperature, ignore_eos, n-gram lookup, the trace collection) plus the cell's k, proposer and seed, and the
+    engine's own settings. Built once per cell (from_cell); tests build it directly, where ngram_match defaults
+    to vLLM's rule. k: proposed tokens per step; temperature 0 means greedy; max_new_tokens per sequence."""
 
     k: int = 4
     proposer: str = "draft"  # draft | eagle (a draft model that is an EAGLE-sized head) | ngram | none
-    max_new_tokens: int = 32
-    temperature: float = 0.0
     seed: int = 0
-    ignore_eos: bool = True
-    ngram_max: int = 3
-    ngram_min: int = 1
     ngram_match: str = "earliest"  # earliest (vLLM's rule) | latest: which earlier occurrence n-gram lookup copies
     compact_after: int = 32  # compact a cache once it has this many hole columns
     synthetic_alpha: float | None = None  # force i.i.d. acceptance with this probability (cost studies)
-    # replayed acceptance (cost studies with real traces): acc_len per output position for each request; the
-    # sequence with rid r follows trace r % len, and a step starting at output position i (tokens generated so
-    # far; the prefill gave position 0) accepts min(acc_len[i-1], k+1) - 1 drafted tokens, as the paper's
-    # simulator replays them (traces.steps). Past the end of its trace a sequence wraps around. Every sequence
-    # then counts as proposing k tokens (k+1 are verified anyway): an n-gram miss does not cap the replay.
-    acceptance_trace: tuple[tuple[int, ...], ...] | None = None
+    # replayed acceptance (cost studies with real traces; the collection is acceptance_trace): acc_len per output
+    # position for each request; the sequence with rid r follows trace r % len, and a step starting at output
+    # position i (tokens generated so far; the prefill gave position 0) accepts min(acc_len[i-1], k+1) - 1 drafted
+    # tokens, as the paper's simulator replays them (traces.steps). Past the end of its trace a sequence wraps
+    # around. Every sequence then counts as proposing k tokens (k+1 are verified anyway): an n-gram miss does not
+    # cap the replay.
+    replay: tuple[tuple[int, ...], ...] | None = None
+
+    @classmethod
+    def from_cell(cls, gen: Generation, cell: Cell, seed: int) -> "GenConfig":
+        """A cell's settings: the study's generation section, the cell's k, proposer, temperature and forced
+        acceptance (alpha), and the run's seed; checked."""
+        own = {f.name: getattr(gen, f.name) for f in fields(Generation)}
+        own.update(k=cell.k, proposer=cell.proposer, temperature=cell.temperature, seed=seed,
+                   synthetic_alpha=cell.alpha)
+        return cls(**own).validate()
 
     def validate(self) -> "GenConfig":
         if self.k < 0:
@@ -57,12 +65,12 @@ class GenConfig:
             raise SpecdecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.synthetic_alpha is not None and not 0 <= self.synthetic_alpha <= 1:
             raise SpecdecError(f"synthetic_alpha must be in [0, 1], got {self.synthetic_alpha}")
-        if self.acceptance_trace is not None:
+        if self.replay is not None:
             if self.synthetic_alpha is not None:
-                raise SpecdecError("synthetic_alpha and acceptance_trace exclude each other")
-            if not self.acceptance_trace or not all(
-                    len(t) and all(isinstance(v, int) and v >= 1 for v in t) for t in self.acceptance_trace):
-                raise SpecdecError("acceptance_trace must hold non-empty acc_len lists of integers >= 1")
+                raise SpecdecError("synthetic_alpha and a replayed acceptance trace exclude each other")
+            if not self.replay or not all(
+                    len(t) and all(isinstance(v, int) and v >= 1 for v in t) for t in self.replay):
+                raise SpecdecError("a replayed acceptance trace must hold non-empty acc_len lists of integers >= 1")
         if self.ngram_match not in ngram.MATCH_RULES:
             raise SpecdecError(f"unknown ngram_match '{self.ngram_match}' ({', '.join(ngram.MATCH_RULES)})")
         if self.temperature < 0:
@@ -193,7 +201,7 @@ class SpecEngine:
             drafts = torch.zeros(b, 0, dtype=torch.long, device=self.device)
             counts, q = torch.zeros(b, dtype=torch.long, device=self.device), None
         k = drafts.shape[1]
-        if cfg.acceptance_trace is not None:  # replay: every sequence proposed k (an n-gram miss is padding)
+        if cfg.replay is not None:  # replay: every sequence proposed k (an n-gram miss is padding)
             counts = torch.full_like(counts, k)
         t1 = clock(self.device)
         start = self.tkv.slots
@@ -225,7 +233,7 @@ class SpecEngine:
 
     def _forced(self, k: int) -> torch.Tensor | None:
         """Draft tokens each sequence accepts this step under a replayed trace (None: verify decides)."""
-        traces = self.cfg.acceptance_trace
+        traces = self.cfg.replay
         if traces is None:
             return None
         out = []

@@ -90,11 +90,8 @@ class ModelCache:
 
 def gen_config(cfg: dict, cell: dict, seed: int | None = None) -> GenConfig:
     """The engine settings of a cell (seed: the study's seed unless given)."""
-    st, c = Study.from_dict(cfg), Cell.from_dict(cell)
-    g = st.generation
-    return GenConfig(k=c.k, proposer=c.proposer, max_new_tokens=g.max_new_tokens, temperature=c.temperature,
-                     seed=st.seed if seed is None else seed, ignore_eos=g.ignore_eos, ngram_max=g.ngram_max,
-                     ngram_min=g.ngram_min, ngram_match=g.ngram_match, synthetic_alpha=c.alpha).validate()
+    st = Study.from_dict(cfg)
+    return GenConfig.from_cell(st.generation, Cell.from_dict(cell), st.seed if seed is None else seed)
 
 
 # whose traced acceptance a cell replays
@@ -180,7 +177,7 @@ def run_static(cfg, cell, target, draft, plist, tok):
         group = chosen[start:start + bs]
         if st.generation.acceptance_trace and c.k > 0 and c.proposer in TRACE_PROPOSER:
             # sequence i of this batch replays the acceptance of the batch's i-th traced request
-            gens["cell"] = replace(gens["cell"], acceptance_trace=tuple(
+            gens["cell"] = replace(gens["cell"], replay=tuple(
                 tuple(p["acc"][TRACE_PROPOSER[c.proposer]]) for p in group)).validate()
         prefilled = {arm: prefill(target, draft if g.k else None, [p["ids"] for p in group], g,
                                   tok.eos_token_id, pad) for arm, g in gens.items()}
@@ -219,11 +216,11 @@ def run_poisson(cfg, cell, target, draft, plist, tok):
     rng = np.random.default_rng(st.seed)
     arrivals = np.cumsum(rng.exponential(1.0 / cell["rate"], size=n_req))
     pad = getattr(tok, "pad_token_id", 0) or 0
-    generate(target, draft, [plist[0]["ids"]], GenConfig(**{**gen.__dict__, "max_new_tokens": 4}),
+    generate(target, draft, [plist[0]["ids"]], replace(gen, max_new_tokens=4),
              tok.eos_token_id, pad)
     reqs, steps = [], []
     for rep in range(st.timing.repeats):
-        eng = SpecEngine(target, draft, GenConfig(**{**gen.__dict__, "seed": gen.seed + rep}),
+        eng = SpecEngine(target, draft, replace(gen, seed=gen.seed + rep),
                          tok.eos_token_id, pad)
         queue = [Sequence(i, plist[i % len(plist)]["ids"], gen.max_new_tokens, arrival_s=float(arrivals[i]))
                  for i in range(n_req)]
@@ -367,26 +364,26 @@ def run_hf(cfg, cell, target, draft, plist, tok):
     return rows
 
 
-def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bool = False, echo=print,
+def measure(study: str, profile: str, limit: int | None = None, dry_run: bool = False, echo=print,
             only: str | None = None, budget_s: float | None = None) -> dict:
     """Run every missing cell of a study under a hardware profile. Returns counts of done/skipped cells.
     budget_s: start no cell once this many seconds have passed since the call (each cell started finishes)."""
     t_start = time.monotonic()
-    p = plan(study, profile_name, "torch", limit, dry_run, echo, only)
+    p = plan(study, profile, "torch", limit, dry_run, echo, only)
     if p.done:
         return p.counts
-    profile, machine, cfg, st, pending = p.profile, p.machine, p.cfg, p.st, p.pending
+    hw, machine, cfg, st, pending = p.hw, p.machine, p.cfg, p.st, p.pending
     if st.threads:
         torch.set_num_threads(int(st.threads))
     if any(c.get("proposer") == "eagle" for c, _, _ in pending) and models.pair_spec(st.pair).eagle is None:
         raise SpecdecError(f"pair '{st.pair}' has no EAGLE-sized head: its torch engine cannot run proposer eagle")
-    device = hardware.device_for(profile)
+    device = hardware.device_for(hw)
     mc = ModelCache(st.pair, st.dtype or "float32", device, st.draft_dtype, st.draft_quant, st.torch.linear)
     tok = mc.pair.tokenizer
     plists = {}
     on_cpu = str(device) == "cpu"  # the probe reads host memory: it says nothing of a GPU's timings
     ran = 0
-    for cell, folder, _ in tqdm(pending, desc=f"{study}/{profile_name}", unit="cell"):
+    for cell, folder, _ in tqdm(pending, desc=f"{study}/{profile}", unit="cell"):
         if budget_s is not None and time.monotonic() - t_start > budget_s:
             echo(f"time budget of {budget_s:g} s spent: {len(pending) - ran} cell(s) left for a later run")
             break
@@ -414,7 +411,7 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
             tables = {"requests": pd.DataFrame(reqs), "steps": pd.DataFrame(steps),
                       "batches": pd.DataFrame(batches)}
         after = probe.read_gbs() if on_cpu else None
-        rawdata.write_run(folder, tables, rawdata.run_meta(study, folder, profile_name, cell, cfg, machine,
+        rawdata.write_run(folder, tables, rawdata.run_meta(study, folder, profile, cell, cfg, machine,
                                                            "torch", str(device), started, load0,
                                                            **({"probe": {"before": before, "after": after}}
                                                               if on_cpu else {}),

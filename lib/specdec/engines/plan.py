@@ -1,7 +1,7 @@
 """What every engine's `measure` does before its first cell, once: the profile and the machine check, the
 study config, the cells still missing (the resume rule: rawdata.pending_cells), the limit and the dry run.
 
-  plan(study, profile_name, engine, ...) -> Plan   engine: "torch" | "vllm" | "vllm server"
+  plan(study, profile, engine, ...) -> Plan   engine: "torch" | "vllm" | "vllm server"
 
 Folders are <cell-id>-<config hash> (torch) or <cell-id>-vllm-<config hash> (vLLM, static or served: the
 hash leaves out the torch-only sections), so the engines' runs never collide.
@@ -21,8 +21,8 @@ class Plan:
     it returns (cells, ran, pending: still missing before the limit, unsupported where the engine reports it)."""
 
     study: str
-    profile_name: str
-    profile: dict
+    profile: str
+    hw: dict  # the profile's configs/hardware yaml, loaded
     machine: dict
     cfg: dict
     st: Study
@@ -37,28 +37,28 @@ class Plan:
         return not self.pending
 
 
-def plan(study: str, profile_name: str, engine: str, limit: int | None = None, dry_run: bool = False, echo=print,
+def plan(study: str, profile: str, engine: str, limit: int | None = None, dry_run: bool = False, echo=print,
          only: str | None = None, prepare=None, check=None) -> Plan:
     """Load and check everything a measure call needs; echo one line of counts. `prepare(cfg, cell)` returns what
     running a cell needs or raises SpecdecError (the cell is then unsupported); `check()` runs after the profile
     is known and before the machine check (e.g. that vLLM is installed; skipped for a dry run)."""
-    profile = hardware.load_profile(profile_name)
+    hw = hardware.load_profile(profile)
     if check is not None and not dry_run:
         check()
     machine = hardware.describe_machine()
-    hardware.check_machine(profile, machine)
-    cfg = cfgmod.load_study(study, profile_name)
+    hardware.check_machine(hw, machine)
+    cfg = cfgmod.load_study(study, profile)
     todo = cfgmod.select(cfgmod.cells(cfg), only, study)
     chash = cfgmod.config_hash(cfg, "vllm" if engine.startswith("vllm") else "torch")
     tag = "vllm-" if engine.startswith("vllm") else ""
     pending, unsupported = rawdata.pending_cells(
-        profile_name, study, todo, lambda c: f"{cfgmod.cell_id(c)}-{tag}{chash[:8]}", echo,
+        profile, study, todo, lambda c: f"{cfgmod.cell_id(c)}-{tag}{chash[:8]}", echo,
         prepare=(lambda c: prepare(cfg, c)) if prepare else None, dry_run=dry_run)
     for cid, reason in unsupported:
         echo(f"skipping {cid}: {reason}")
     done = len(todo) - len(pending) - len(unsupported)
     label = "" if engine == "torch" else f" ({engine})"
-    echo(f"{study} on {profile_name}{label}: {len(todo)} cells, {done} done, {len(pending)} to run"
+    echo(f"{study} on {profile}{label}: {len(todo)} cells, {done} done, {len(pending)} to run"
          + (f", {len(unsupported)} unsupported" if engine == "vllm" else ""))
     counts = {"cells": len(todo), "ran": 0, "pending": len(pending)}
     if engine != "torch":
@@ -68,5 +68,5 @@ def plan(study: str, profile_name: str, engine: str, limit: int | None = None, d
         pending = []
     else:
         rawdata.git_state()  # read now, before the first cell: the code this process imported
-    return Plan(study, profile_name, profile, machine, cfg, Study.from_dict(cfg), todo, pending, unsupported,
+    return Plan(study, profile, hw, machine, cfg, Study.from_dict(cfg), todo, pending, unsupported,
                 counts)

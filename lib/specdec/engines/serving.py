@@ -228,14 +228,14 @@ def _on_sigterm(signum, frame):
     raise KeyboardInterrupt  # unwinds through measure's finally: every server is stopped
 
 
-def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bool = False, echo=print,
+def measure(study: str, profile: str, limit: int | None = None, dry_run: bool = False, echo=print,
             only: str | None = None) -> dict:
     """Run every missing serve cell of a study on this machine. Returns counts: cells, ran, pending."""
-    p = plan(study, profile_name, "vllm server", limit, dry_run, echo, only, prepare=server_kwargs,
+    p = plan(study, profile, "vllm server", limit, dry_run, echo, only, prepare=server_kwargs,
              check=vllm_runner._require_vllm)
     if p.done:
         return p.counts
-    cfg, st, pending, counts, machine, profile = p.cfg, p.st, p.pending, p.counts, p.machine, p.profile
+    cfg, st, pending, counts, machine, hw = p.cfg, p.st, p.pending, p.counts, p.machine, p.hw
     runs = [(cell, folder, server_kwargs(cfg, cell, resolve=True),
              server_kwargs(cfg, {**cell, "k": 0, "proposer": "none"}, resolve=True) if _paired(st, cell) else None)
             for cell, folder, _ in pending]
@@ -246,7 +246,7 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
     plist = vllm_runner._tokenized_prompts(cfg)
     versions = rawdata.versions()
     rawdata.git_state()  # read now, before the first cell: the code this process imported
-    servers = Servers(cfg, profile_name)
+    servers = Servers(cfg, profile)
     old = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         for i in order:
@@ -263,7 +263,7 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
             after = probe.read_gbs()
             (folder / "acceptance.json").write_text(json.dumps(acceptance, indent=2, sort_keys=True))
             meta = rawdata.run_meta(
-                study, folder, profile_name, cell, cfg, machine, "vllm", hardware.device_for(profile), started, load0,
+                study, folder, profile, cell, cfg, machine, "vllm", hardware.device_for(hw), started, load0,
                 versions, acceptance=acceptance, probe={"before": before, "after": after},
                 **models.weights_of(cfg["pair"]),
                 serving={"engine_args": arms.kwargs, "side_by_side": st.serving.side_by_side,

@@ -370,6 +370,50 @@ def check_model_folders(kwargs: dict) -> None:
             raise SpecdecError(f"model folder {path} has no config.json; vLLM cannot load it (run `make models`)")
 
 
+# vLLM 0.32 (CPU) cannot start an engine in a process where an n-gram engine has started: the next engine's start
+# re-registers its CPU kernel overrides and fails ("AttributeError: '_lib_fn_wrapper' object has no attribute
+# 'get'", vllm/triton_utils/dispatcher.py _rebind_kernels; seen 2026-12-05 on bs1-k2-draft after bs1-k1-ngram,
+# and on a no-SD engine started after a k=5 n-gram engine).
+# So a measure call with several engine configurations runs each in its own child process, which also starts
+# each configuration with the memory of a fresh process.
+ONE_ENGINE_PER_PROCESS = True
+
+
+def engine_groups(cfg: dict, pending: list) -> list[list]:
+    """Pending cells [(cell, folder, prepared)] grouped by the engine configuration they run on (their LLM
+    arguments without max_num_seqs), groups in the order they first appear."""
+    groups: dict[str, list] = {}
+    for item in pending:
+        kw = {k: v for k, v in llm_kwargs(cfg, item[0]).items() if k != "max_num_seqs"}
+        groups.setdefault(json.dumps(kw, sort_keys=True, default=str), []).append(item)
+    return list(groups.values())
+
+
+def _measure_in_children(study: str, profile: str, groups: list, counts: dict, echo) -> dict:
+    """Run each engine group with `python -m specdec measure ... --only <its cell ids>` in a child process (the
+    child's own output passes through); stop at the first child that fails. Counts as measure returns them."""
+    import subprocess
+    for i, group in enumerate(groups, 1):
+        ids = [cfgmod.cell_id(cell) for cell, _, _ in group]
+        echo(f"engine configuration {i}/{len(groups)} in a child process: {', '.join(ids)}")
+        sys.stdout.flush()
+        code = subprocess.call([sys.executable, "-m", "specdec", "measure", "--study", study, "--gpu", profile,
+                                "--engine", "vllm", "--only", ",".join(ids)])
+        done = sum((folder / "meta.json").exists() for _, folder, _ in group)
+        counts["ran"] += done
+        if code != 0:
+            counts["pending"] -= counts["ran"]
+            raise SpecdecError(f"the vLLM child process for {', '.join(ids)} failed (exit {code}); "
+                               f"{counts['ran']} cell(s) ran, the rest resume on the next call")
+    counts["pending"] -= counts["ran"]
+    return counts
+
+
+def _lookup(kwargs: dict) -> bool:
+    """Whether these LLM arguments build an n-gram (prompt lookup) engine."""
+    return (kwargs.get("speculative_config") or {}).get("method") == "ngram"
+
+
 class Engines:
     """The vLLM engines of one measure run, at most two alive: the base engine (no speculation, kept for the
     whole run under pairing) and the engine of the current configuration. Keys are their LLM kwargs."""
@@ -401,17 +445,20 @@ class Engines:
         self.alive.clear()
 
 
-def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bool = False, echo=print,
+def measure(study: str, profile: str, limit: int | None = None, dry_run: bool = False, echo=print,
             only: str | None = None) -> dict:
     """Run every missing static cell of a study with vLLM under a hardware profile.
 
     Returns counts: cells, ran, pending (runnable, still missing), unsupported (cells vLLM cannot run)."""
-    p = plan(study, profile_name, "vllm", limit, dry_run, echo, only, prepare=llm_kwargs, check=_require_vllm)
+    p = plan(study, profile, "vllm", limit, dry_run, echo, only, prepare=llm_kwargs, check=_require_vllm)
     if p.unsupported and len(p.unsupported) == len(p.todo):
         raise SpecdecError(f"no cell of study '{study}' can run on vLLM; {p.unsupported[0][0]}: {p.unsupported[0][1]}")
     if p.done:
         return p.counts
-    cfg, pending, counts, machine, profile = p.cfg, p.pending, p.counts, p.machine, p.profile
+    cfg, pending, counts, machine, hw = p.cfg, p.pending, p.counts, p.machine, p.hw
+    groups = engine_groups(cfg, pending)
+    if ONE_ENGINE_PER_PROCESS and len(groups) > 1:  # one process per engine configuration
+        return _measure_in_children(study, profile, groups, counts, echo)
     os.environ.update(engine_env(cfg))
     from tqdm import tqdm
     from vllm import LLM, SamplingParams
@@ -424,23 +471,26 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
         base = (llm_kwargs(cfg, {**cell, "k": 0, "proposer": "none"}, resolve=True, max_num_seqs=widest)
                 if pairing.is_paired(st, Cell.from_dict(cell)) else None)
         runs.append((cell, folder, kw, base))
-    # cells sharing an engine run together, in the order their engines first appear
-    keys = [json.dumps(kw, sort_keys=True, default=str) for _, _, kw, _ in runs]
-    first = {key: keys.index(key) for key in keys}
-    order = sorted(range(len(runs)), key=lambda i: (first[keys[i]], i))
+    order = range(len(runs))
     plist = _tokenized_prompts(cfg)
     versions = rawdata.versions()
     versions.setdefault("vllm", getattr(sys.modules.get("vllm"), "__version__", "unknown"))
     rawdata.git_state()  # read now, before the first cell: the code this process imported
     engines = Engines(LLM)
     try:
-        for i in tqdm(order, desc=f"{study}/{profile_name}/vllm", unit="cell"):
+        for i in tqdm(order, desc=f"{study}/{profile}/vllm", unit="cell"):
             cell, folder, kwargs, base_kwargs = runs[i]
             cid = cfgmod.cell_id(cell)
             llms = {}
-            if base_kwargs is not None:
+            if base_kwargs is not None and _lookup(kwargs):  # an n-gram engine starts last (ONE_ENGINE_...)
                 llms["base"], base_key = engines.get(base_kwargs, cid)
                 llms["cell"], _ = engines.get(kwargs, cid, keep=(base_key,))
+            elif base_kwargs is not None:  # a draft-model engine starts first: its start needs ~3 GB more than
+                # it keeps (fp32 cpu pair: with the no-SD engine already resident, its start left < 0.9 GB free of
+                # 24 GB), and in a fresh process nothing else is resident yet
+                base_key = json.dumps(base_kwargs, sort_keys=True, default=str)
+                llms["cell"], cell_key = engines.get(kwargs, cid, keep=(base_key,))
+                llms["base"], _ = engines.get(base_kwargs, cid, keep=(cell_key,))
             else:
                 llms["cell"], _ = engines.get(kwargs, cid,
                                               keep=tuple(k for k in engines.alive if '"speculative_config"' not in k))
@@ -451,8 +501,8 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
             after = probe.read_gbs()
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "acceptance.json").write_text(json.dumps(acceptance, indent=2, sort_keys=True))
-            meta = rawdata.run_meta(study, folder, profile_name, cell, cfg, machine, "vllm",
-                                    hardware.device_for(profile), started, load0, versions,
+            meta = rawdata.run_meta(study, folder, profile, cell, cfg, machine, "vllm",
+                                    hardware.device_for(hw), started, load0, versions,
                                     acceptance=acceptance, timing_notes=TIMING_NOTES,
                                     probe={"before": before, "after": after}, **models.weights_of(cfg["pair"]),
                                     vllm={"llm_kwargs": kwargs, "base_llm_kwargs": base_kwargs,

@@ -196,6 +196,10 @@ class CostModel:
     ngram_fraction: float = 0.0  # n-gram proposal time as a fraction of the verify forward
     provenance: str = ""  # where published coefficients come from
     prefill_scale: float = 1.0  # a prefill costs this times a forward of its tokens (end-to-end calibration)
+    # cross-validated structural error (fit_steps): rms log error of the no-SD/SD step-time ratio of calibration
+    # cells each left out of the fit, and how many cells; 0 cells = not estimated (intervals are bootstrap only)
+    cv_log_err: float = 0.0
+    cv_n: int = 0
 
     def forward_s(self, model: str, batch, query, context):
         """Seconds for one forward of "target" or "draft"."""
@@ -247,8 +251,10 @@ class CostModel:
             return f"PUBLISHED coefficients ({self.provenance or 'no provenance given'}), not fitted here"
         if self.source == "steps":
             res = self.residuals()
+            cv = (f"; step-ratio error cross-validated over {self.cv_n} left-out calibration cell(s) "
+                  f"{self.cv_log_err:.1%} (log rms)" if self.cv_n else "; no cross-validated error (too few cells)")
             return (f"FITTED END TO END on {self.provenance} (rel. rmse target {res['target']['rel_rmse']:.1%} over "
-                    f"{res['target']['n']} points, draft {res['draft']['rel_rmse']:.1%})")
+                    f"{res['target']['n']} points, draft {res['draft']['rel_rmse']:.1%}{cv})")
         if self.source == "prior":
             t = self.target
             return (f"PRIOR (roofline from the {self.profile} spec sheet, eff_mem {t.eff_mem:g}, "
@@ -258,6 +264,14 @@ class CostModel:
             return f"FITTED coefficients for {self.pair} on {self.profile} (fit residuals not available)"
         return (f"FITTED on data/raw/{self.profile}/hardware (rel. rmse target {res['target']['rel_rmse']:.1%} "
                 f"over {res['target']['n']} points, draft {res['draft']['rel_rmse']:.1%})")
+
+    def structural_draw(self, rng: np.random.Generator) -> float:
+        """A multiplicative error on a predicted speedup for one replicate: exp(cv_log_err * t), t drawn from a
+        Student t with cv_n degrees of freedom (the error's scale is itself estimated from cv_n cells); 1.0,
+        drawing nothing from rng, where no structural error was estimated."""
+        if self.cv_n < 1:
+            return 1.0
+        return float(np.exp(self.cv_log_err * rng.standard_t(self.cv_n)))
 
     def resample(self, rng: np.random.Generator) -> "CostModel":
         """One bootstrap replicate: refit on fitted values times resampled (1 + relative residuals), or
@@ -316,26 +330,52 @@ def matches(run_id: str, patterns) -> bool:
     return any(fnmatch.fnmatch(run_id, p) for p in patterns)
 
 
-def fit_steps(profile: str, calibration, pair: str | None = None, engine: str = "torch") -> CostModel:
+def fit_steps(profile: str, calibration, pair: str | None = None, engine: str = "torch",
+              cross_validate: bool = True) -> CostModel:
     """Costs fitted on the batch study's own decoding steps (end to end, as the paper's simulator fits profiled
     step times) instead of forward microbenchmarks: the target from every no-SD batch (its k=0 cells, or the
     interleaved no-SD arm of paired cells: seconds per step, 1 token) and from the verify + bookkeeping seconds
     of the SD cells named in `calibration` (run-id shell patterns; k+1 tokens); the draft model from those
     cells' draft seconds per proposed token; the n-gram lookup's share of the verify forward likewise. Context:
-    the cell's padded prompt width plus half its output. Cells not named stay out of the fit (held out)."""
+    the cell's padded prompt width plus half its output. Cells not named stay out of the fit (held out).
+
+    With `cross_validate`, the model's own structural error is estimated inside the calibration set: each
+    calibration cell in turn is left out (both its arms), the costs refitted on the rest, and the left-out cell's
+    no-SD / SD step-time ratio predicted; `cv_log_err` is the rms of log(predicted / measured) over those cells
+    and `cv_n` their number (cells whose refit is impossible, e.g. the only draft-model cell, are skipped)."""
     b = tables.load(profile, "batch", "batches")
     st = tables.load(profile, "batch", "steps")
     rq = tables.load(profile, "batch", "requests")
     b, st, rq = (x[x["engine"] == engine] for x in (b, st, rq))
     pair = pair_name(pair) if pair else str(b["pair"].iloc[0])
     b, st, rq = (x[x["pair"] == pair] for x in (b, st, rq))
-    # KV columns per sequence of each timed batch: its padded prompt width plus half its output
-    ctx = {key: float(g["prompt_tokens"].max() + g["new_tokens"].mean() / 2)
-           for key, g in rq.groupby(["run_id", "repeat", "batch_idx"])}
+    costs = _fit_steps(profile, calibration, pair, b, st, rq)
+    if cross_validate:
+        errs = [e for e in (_left_out_error(profile, calibration, pair, b, st, rq, rid)
+                            for rid in sorted(st.loc[_named(st, calibration), "run_id"].unique())) if e is not None]
+        if errs:
+            costs = replace(costs, cv_log_err=float(np.sqrt(np.mean(np.square(errs)))), cv_n=len(errs))
+    return costs
+
+
+def _named(st: pd.DataFrame, calibration) -> pd.Series:
+    """Rows of SD steps of the calibration cells."""
+    return (st["k"] > 0) & st["run_id"].map(lambda r: matches(r, calibration))
+
+
+def _contexts(rq: pd.DataFrame) -> dict:
+    """KV columns per sequence of each timed batch (run_id, repeat, batch_idx): padded prompt width plus half
+    the output."""
+    return {key: float(g["prompt_tokens"].max() + g["new_tokens"].mean() / 2)
+            for key, g in rq.groupby(["run_id", "repeat", "batch_idx"])}
+
+
+def _fit_steps(profile, calibration, pair, b, st, rq) -> CostModel:
+    ctx = _contexts(rq)
     base = b[(b["arm"] == "base") | (b["k"] == 0)]
     tgt = [{"batch": r.size, "query": 1, "context": ctx.get((r.run_id, r.repeat, r.batch_idx), np.nan),
             "seconds": r.decode_s / r.steps} for r in base.itertuples() if r.steps > 0]
-    cal = st[(st["k"] > 0) & st["run_id"].map(lambda r: matches(r, calibration))]
+    cal = st[_named(st, calibration)]
     draft, ngram = [], []
     for (rid, rep, bi, k, prop, bs), g in cal.groupby(["run_id", "repeat", "batch_idx", "k", "proposer", "batch"]):
         c = ctx.get((rid, rep, bi), np.nan)
@@ -354,21 +394,43 @@ def fit_steps(profile: str, calibration, pair: str | None = None, engine: str = 
                                 f"{cal['run_id'].nunique()} calibration cell(s) ({', '.join(calibration)})")
 
 
+def _left_out_error(profile, calibration, pair, b, st, rq, run_id) -> float | None:
+    """log(predicted / measured) no-SD-to-SD step-time ratio of calibration cell `run_id`, its costs refitted
+    without it; None where the refit or the cell's no-SD reference is missing."""
+    cell = b[(b["run_id"] == run_id) & (b["arm"] == "cell")]
+    base = b[(b["run_id"] == run_id) & (b["arm"] == "base")]
+    if base.empty and not cell.empty:  # unpaired: the k=0 cells of the same batch size
+        base = b[(b["k"] == 0) & (b["arm"] == "cell") & (b["batch"] == cell["batch"].iloc[0])]
+    if cell.empty or base.empty or (cell["steps"] <= 0).all() or (base["steps"] <= 0).all():
+        return None
+    keep = [x[x["run_id"] != run_id] for x in (b, st, rq)]
+    try:
+        costs = _fit_steps(profile, calibration, pair, *keep)
+    except SpecdecError:
+        return None
+    c = cell.iloc[0]
+    context = float(np.mean(list(_contexts(rq[rq["run_id"] == run_id]).values())))
+    predicted = costs.step_s(int(c["batch"]), 0, context) / costs.step_s(int(c["batch"]), int(c["k"]), context,
+                                                                        str(c["proposer"]))
+    measured = (base["decode_s"].sum() / base["steps"].sum()) / (cell["decode_s"].sum() / cell["steps"].sum())
+    return float(np.log(predicted / measured))
+
+
 def prior(profile: str, pair: str, bytes_per_param: float | None = None) -> CostModel:
     """Roofline prior from the profile's spec sheet; bytes/param defaults to 2 (bf16) on a GPU, 4 (fp32) else."""
-    prof = hardware.load_profile(profile)
+    hw = hardware.load_profile(profile)
     target, draft = pair_sizes(pair)
-    bw, peak = prof.get("mem_bw_tbs"), prof.get("peak_tflops")
+    bw, peak = hw.get("mem_bw_tbs"), hw.get("peak_tflops")
     if not bw or not peak:
         raise SpecdecError(f"profile '{profile}' has no spec sheet (peak_tflops, mem_bw_tbs) for a roofline prior")
-    nbytes = bytes_per_param or (2 if prof.get("kind") == "gpu" else 4)
+    nbytes = bytes_per_param or (2 if hw.get("kind") == "gpu" else 4)
 
     def roof(m: ModelSize, link=None) -> RooflineCost:
         return RooflineCost(m.params * nbytes, m.kv_elems_per_token * nbytes, m.params, 4 * m.layers * m.q_dim,
                             bw * 1e12, peak * 1e12, weight_bw_bytes_s=link * 1e12 if link else None)
 
     # offload_link_tbs: the target's weights stream over the host link every forward; the draft is resident
-    return CostModel(profile, pair_name(pair), "prior", roof(target, prof.get("offload_link_tbs")), roof(draft))
+    return CostModel(profile, pair_name(pair), "prior", roof(target, hw.get("offload_link_tbs")), roof(draft))
 
 
 TARGET_KEYS = {"fixed_s", "per_token_s", "per_kv_token_s"}
@@ -389,9 +451,9 @@ def published(profile: str, pair: str) -> CostModel:
     Keys: source (provenance text), target {fixed_s, per_token_s, per_kv_token_s}, draft {fixed_s,
     per_spec_token_s, per_kv_token_s} (a whole draft step) or {fixed_s, per_token_s, per_kv_token_s} (one
     draft forward), ngram_draft_fraction, step_overhead_s. Bad or missing entries are one-line errors."""
-    prof = hardware.load_profile(profile)
+    hw = hardware.load_profile(profile)
     name = pair_name(pair)
-    entry = (prof.get("costs") or {}).get(name)
+    entry = (hw.get("costs") or {}).get(name)
     where = f"configs/hardware/{profile}.yaml costs.{name}"
     if entry is None:
         raise SpecdecError(f"profile '{profile}' publishes no costs for {name}")

@@ -1,7 +1,7 @@
 """Results with confidence intervals from the processed tables: throughput, speedup, latency, acceptance,
 break-even, overheads.
 
-Every public function takes `gpu` (a hardware profile name: "cpu", "fixture", "h100", ...), reads the
+Every public function takes `profile` (a hardware profile name: "cpu", "fixture", "h100", ...), reads the
 study's processed tables (tables.py: one schema for both engines, the study's current config only) and
 returns a pandas DataFrame with one row per cell (or per cell x group). Missing data is a one-line
 `SpecdecError`. Nothing here reads data/raw or knows an engine.
@@ -46,17 +46,17 @@ RUN_KEYS = tables.RUN_KEYS
 TIMED = ("batches", "steps", "requests")  # tables whose rows belong to a timed batch (repeat, batch_idx)
 
 
-def load(study: str, gpu: str, table: str = "requests") -> pd.DataFrame:
+def load(study: str, profile: str, table: str = "requests") -> pd.DataFrame:
     """One processed table of a study on a profile (tables.load); SpecdecError when missing. Timed tables
     leave out each run's first `timing.warmup_batches` timed batches (warm_up)."""
-    df = tables.load(gpu, study, table)
-    return warm_up(df, warmup_batches(gpu, study)) if table in TIMED else df
+    df = tables.load(profile, study, table)
+    return warm_up(df, warmup_batches(profile, study)) if table in TIMED else df
 
 
-def warmup_batches(gpu: str, study: str) -> int:
+def warmup_batches(profile: str, study: str) -> int:
     """timing.warmup_batches of the study's config on this profile (0 where the profile has no yaml)."""
     from ..data import config as cfgmod
-    return cfgmod.analysis_settings(study, gpu)["warmup_batches"]
+    return cfgmod.analysis_settings(study, profile)["warmup_batches"]
 
 
 def warm_up(df: pd.DataFrame, n: int) -> pd.DataFrame:
@@ -72,9 +72,9 @@ def warm_up(df: pd.DataFrame, n: int) -> pd.DataFrame:
     return df[~drop].reset_index(drop=True)
 
 
-def runs(gpu: str, study: str) -> pd.DataFrame:
+def runs(profile: str, study: str) -> pd.DataFrame:
     """One row per complete run (cell) of a study: profile, engine, pair, run_id and the cell keys."""
-    return tables.runs(gpu, study)
+    return tables.runs(profile, study)
 
 
 def profiles(study: str | None = None) -> list[str]:
@@ -150,14 +150,14 @@ def _cell(row) -> dict:
 
 
 # -- throughput and speedup (static batches) -------------------------------------------------------------
-def _batches(gpu: str, study: str) -> pd.DataFrame:
-    b = load(study, gpu, "batches")
+def _batches(profile: str, study: str) -> pd.DataFrame:
+    b = load(study, profile, "batches")
     if b.empty or "decode_s" not in b:
-        raise SpecdecError(f"study '{study}' on profile '{gpu}' has no static batches")
-    _require(b, ["decode_tokens", "decode_s"], f"batches table of {study}/{gpu}")
+        raise SpecdecError(f"study '{study}' on profile '{profile}' has no static batches")
+    _require(b, ["decode_tokens", "decode_s"], f"batches table of {study}/{profile}")
     b = b[(b["mode"] == "static") & b["decode_s"].notna()]
     if b.empty:
-        raise SpecdecError(f"study '{study}' on profile '{gpu}' has no static-batching cells")
+        raise SpecdecError(f"study '{study}' on profile '{profile}' has no static-batching cells")
     return b
 
 
@@ -178,20 +178,20 @@ def _paired(g: pd.DataFrame, *key) -> tuple[float, float, np.ndarray]:
 
 
 @_replicates
-def throughput(gpu: str, study: str = "batch") -> pd.DataFrame:
+def throughput(profile: str, study: str = "batch") -> pd.DataFrame:
     """Decode throughput per static cell, in generated tokens per second (all sequences of the batch).
 
     Columns: run keys, cell keys, n_units (timed batches of the cell's own arm), decode_tokens, decode_s
     (seconds), tokens_per_seq_step (decode tokens per sequence per engine step), throughput_tok_s = sum
     decode_tokens / sum decode_s, tp_ci_lo/tp_ci_hi (95% bootstrap over batches x repeats); for paired runs
     also paired_base_tok_s (its interleaved no-SD batches), paired_speedup and paired_replicates."""
-    b = _batches(gpu, study)
+    b = _batches(profile, study)
     rows = []
     for run_id, g in b.groupby("run_id", sort=False):
         paired = "arm" in g and (g["arm"] == "base").any()
-        base_tp, psp, preps = _paired(g, gpu, study, run_id) if paired else (np.nan, np.nan, None)
+        base_tp, psp, preps = _paired(g, profile, study, run_id) if paired else (np.nan, np.nan, None)
         g = g[g["arm"] == "cell"] if "arm" in g else g
-        est, r = _ratio(g["decode_tokens"], g["decode_s"], "tp", gpu, study, run_id)
+        est, r = _ratio(g["decode_tokens"], g["decode_s"], "tp", profile, study, run_id)
         lo, hi = ci(r)
         steps = g["steps"].sum() if "steps" in g else np.nan
         size = g["size"].sum() if "size" in g else np.nan
@@ -216,14 +216,14 @@ def _baseline_for(row, base: pd.DataFrame):
 
 
 @_replicates
-def speedup(gpu: str, study: str = "batch") -> pd.DataFrame:
+def speedup(profile: str, study: str = "batch") -> pd.DataFrame:
     """Speedup of every static cell over the no-SD baseline (k=0) at the same batch, quant and mode.
 
     Columns: the throughput() columns plus baseline_run, baseline_tok_s (tokens/s), speedup (ratio,
     dimensionless), ci_lo/ci_hi (95% bootstrap: pairs for paired cells, else batches of the cell and of
     the baseline resampled independently), note ("paired" for paired cells). The baseline is of the same
     engine. Baseline rows have speedup exactly 1 and CI [1, 1]."""
-    tp = throughput(gpu, study, replicates=True)
+    tp = throughput(profile, study, replicates=True)
     base = tp[tp["k"] == 0]
     rows = []
     for _, row in tp.iterrows():
@@ -254,11 +254,11 @@ def speedup(gpu: str, study: str = "batch") -> pd.DataFrame:
 
 
 # -- continuous batching (Poisson arrivals) --------------------------------------------------------------
-def _poisson_requests(gpu: str, study: str) -> pd.DataFrame:
-    r = load(study, gpu, "requests")
+def _poisson_requests(profile: str, study: str) -> pd.DataFrame:
+    r = load(study, profile, "requests")
     r = r[r["mode"] == "poisson"]
     if r.empty:
-        raise SpecdecError(f"study '{study}' on profile '{gpu}' has no poisson (continuous batching) cells")
+        raise SpecdecError(f"study '{study}' on profile '{profile}' has no poisson (continuous batching) cells")
     r = r.copy()
     r["latency_s"] = r["finish_s"] - r["arrival_s"]
     r["ttft_s"] = r["first_token_s"] - r["arrival_s"]
@@ -266,18 +266,18 @@ def _poisson_requests(gpu: str, study: str) -> pd.DataFrame:
     return r
 
 
-def latency(gpu: str, study: str = "alternatives") -> pd.DataFrame:
+def latency(profile: str, study: str = "alternatives") -> pd.DataFrame:
     """Latency percentiles of each poisson (continuous batching) cell, in seconds.
 
     One row per cell x metric x quantile: metric "latency_s" (finish - arrival), "ttft_s" (first token -
     arrival) or "queue_s" (admission - arrival); quantile 50, 90 or 99; value_s; ci_lo/ci_hi (95%
     bootstrap over requests); n_requests."""
-    r = _poisson_requests(gpu, study)
+    r = _poisson_requests(profile, study)
     rows = []
     for run_id, g in r.groupby("run_id", sort=False):
         for metric in ("latency_s", "ttft_s", "queue_s"):
             x = g[metric].to_numpy(float)
-            rng = _rng("lat", gpu, study, run_id, metric)
+            rng = _rng("lat", profile, study, run_id, metric)
             idx = rng.integers(0, len(x), size=(N_BOOT, len(x))) if len(x) >= 2 else None
             for q in (50, 90, 99):
                 lo, hi = ci(np.percentile(x[idx], q, axis=1)) if idx is not None else (np.nan, np.nan)
@@ -288,15 +288,15 @@ def latency(gpu: str, study: str = "alternatives") -> pd.DataFrame:
 
 
 @_replicates
-def serving_throughput(gpu: str, study: str = "alternatives") -> pd.DataFrame:
+def serving_throughput(profile: str, study: str = "alternatives") -> pd.DataFrame:
     """Throughput of each poisson (continuous batching) cell.
 
     Columns: cell keys, n_requests, n_steps, new_tokens, makespan_s (last finish - first arrival, seconds,
     summed over repeats), e2e_throughput_tok_s = new_tokens / makespan_s (bounded by the arrival rate),
     busy_s (seconds spent in engine steps), mean_active (sequences per step), throughput_tok_s = decode
     tokens / busy_s (comparable with static decode throughput), tp_ci_lo/tp_ci_hi (95% bootstrap over steps)."""
-    r = _poisson_requests(gpu, study)
-    s = load(study, gpu, "steps")
+    r = _poisson_requests(profile, study)
+    s = load(study, profile, "steps")
     s = s[s["mode"] == "poisson"]
     rows = []
     for run_id, g in r.groupby("run_id", sort=False):
@@ -309,7 +309,7 @@ def serving_throughput(gpu: str, study: str = "alternatives") -> pd.DataFrame:
                             axis=1).to_numpy(float) if len(st) else np.zeros(0)
         # per-step committed tokens, rescaled so that they sum to the requests' decode tokens
         step_tok = step_tok * (decode_tokens / step_tok.sum()) if step_tok.sum() > 0 else step_tok
-        est, rp = _ratio(step_tok, busy, "serve", gpu, study, run_id)
+        est, rp = _ratio(step_tok, busy, "serve", profile, study, run_id)
         lo, hi = ci(rp)
         rows.append({**_cell(g.iloc[0]), "n_requests": len(g), "n_steps": len(st),
                      "new_tokens": int(g["new_tokens"].sum()), "makespan_s": float(makespan),
@@ -325,14 +325,14 @@ ACC_GROUP = ["profile", "engine", "pair", "proposer", "temperature", "k", "batch
 UNIT = ["run_id", "repeat", "batch_idx", "rid"]
 
 
-def _acceptance(gpu: str, study: str, name: str, synthetic: bool | None) -> pd.DataFrame:
+def _acceptance(profile: str, study: str, name: str, synthetic: bool | None) -> pd.DataFrame:
     """The lengths or positions table, real acceptance only (synthetic False), synthetic only (True) or both."""
-    df = load(study, gpu, name) if name in tables.names(gpu, study) else pd.DataFrame()
+    df = load(study, profile, name) if name in tables.names(profile, study) else pd.DataFrame()
     if len(df) and synthetic is not None:
         df = df[df["alpha"].notna() == synthetic]
     if df.empty:
         kind = {False: "real-acceptance ", True: "synthetic-acceptance ", None: ""}[synthetic]
-        raise SpecdecError(f"study '{study}' on profile '{gpu}' has no {kind}speculative cells (k > 0)")
+        raise SpecdecError(f"study '{study}' on profile '{profile}' has no {kind}speculative cells (k > 0)")
     return df
 
 
@@ -348,7 +348,7 @@ def _unit_sums(df: pd.DataFrame, codes: np.ndarray, cols: list[str]) -> np.ndarr
 
 
 @_replicates
-def position_acceptance(gpu: str, study: str = "acceptance", synthetic: bool | None = False) -> pd.DataFrame:
+def position_acceptance(profile: str, study: str = "acceptance", synthetic: bool | None = False) -> pd.DataFrame:
     """P(accept position i | position i tried) per proposer, temperature, k, batch and prompt set.
 
     One row per group x position (1..k): n_requests (acceptance units: requests, or whole runs for
@@ -356,7 +356,7 @@ def position_acceptance(gpu: str, study: str = "acceptance", synthetic: bool | N
     accepted (steps that accepted position i too), proposed (tried steps that held a real token there; NaN
     where unknown), p_accept = accepted / tried (probability), ci_lo/ci_hi (95% bootstrap over units).
     Real acceptance only by default (synthetic=True: the i.i.d. alpha cells)."""
-    pos = _acceptance(gpu, study, "positions", synthetic)
+    pos = _acceptance(profile, study, "positions", synthetic)
     rows = []
     for keys, g in pos.groupby(ACC_GROUP, dropna=False, sort=True):
         codes = _units(g)
@@ -364,7 +364,7 @@ def position_acceptance(gpu: str, study: str = "acceptance", synthetic: bool | N
         T, A = np.zeros((codes.max() + 1, kmax)), np.zeros((codes.max() + 1, kmax))
         np.add.at(T, (codes, g["position"].to_numpy() - 1), g["tried"].to_numpy(float))
         np.add.at(A, (codes, g["position"].to_numpy() - 1), g["accepted"].to_numpy(float))
-        w = _weights(len(T), "pos", gpu, study, keys)
+        w = _weights(len(T), "pos", profile, study, keys)
         with np.errstate(divide="ignore", invalid="ignore"):
             reps = (w @ A) / (w @ T) if w is not None else None
         proposed = g.groupby("position")["proposed"].sum(min_count=1)
@@ -379,7 +379,7 @@ def position_acceptance(gpu: str, study: str = "acceptance", synthetic: bool | N
     return pd.DataFrame(rows)
 
 
-def request_acceptance(gpu: str, study: str = "acceptance", synthetic: bool | None = False) -> pd.DataFrame:
+def request_acceptance(profile: str, study: str = "acceptance", synthetic: bool | None = False) -> pd.DataFrame:
     """Acceptance of each unit (a request; a whole run for aggregate counters, rid NaN).
 
     Columns: group keys (proposer, temperature, k, batch, prompt_set, ...), run_id, repeat, batch_idx, rid,
@@ -387,7 +387,7 @@ def request_acceptance(gpu: str, study: str = "acceptance", synthetic: bool | No
     tokens), accepted (accepted draft tokens), acceptance_rate = accepted / proposed, alpha_measured =
     accepted / tried (per-token acceptance probability; the cell key `alpha` is the forced synthetic
     acceptance, NaN for real traces), tokens_per_step = (accepted + steps) / steps."""
-    pos = _acceptance(gpu, study, "positions", synthetic)
+    pos = _acceptance(profile, study, "positions", synthetic)
     keys = ACC_GROUP + UNIT + ["prompt_idx"]
     first = pos[pos["position"] == 1].groupby(keys, dropna=False, sort=True)["tried"].sum().rename("steps")
     out = pos.groupby(keys, dropna=False, sort=True)[["tried", "proposed", "accepted"]].sum(min_count=1)
@@ -399,13 +399,13 @@ def request_acceptance(gpu: str, study: str = "acceptance", synthetic: bool | No
     return out
 
 
-def acceptance_summary(gpu: str, study: str = "acceptance", synthetic: bool | None = False) -> pd.DataFrame:
+def acceptance_summary(profile: str, study: str = "acceptance", synthetic: bool | None = False) -> pd.DataFrame:
     """Acceptance per proposer, temperature, k, batch and prompt set, with 95% bootstrap CIs over units.
 
     Columns: group keys, n_requests, alpha_measured (pooled P(accept | tried), probability) with
     alpha_ci_lo/hi, acceptance_rate (accepted / proposed tokens) with rate_ci_lo/hi, tokens_per_step (mean
     tokens a sequence gains per step) with tps_ci_lo/hi."""
-    req = request_acceptance(gpu, study, synthetic)
+    req = request_acceptance(profile, study, synthetic)
     rows = []
     for keys, g in req.groupby(ACC_GROUP, dropna=False, sort=True):
         out = dict(zip(ACC_GROUP, keys))
@@ -413,7 +413,7 @@ def acceptance_summary(gpu: str, study: str = "acceptance", synthetic: bool | No
         for name, num, den in (("alpha", "accepted", "tried"), ("rate", "accepted", "proposed"),
                                ("tps", None, "steps")):
             numv = g["accepted"] + g["steps"] if num is None else g[num]
-            est, r = _ratio(numv, g[den], "accsum", gpu, study, keys, name)
+            est, r = _ratio(numv, g[den], "accsum", profile, study, keys, name)
             col = {"alpha": "alpha_measured", "rate": "acceptance_rate", "tps": "tokens_per_step"}[name]
             out[col] = est
             out[f"{name}_ci_lo"], out[f"{name}_ci_hi"] = ci(r)
@@ -428,7 +428,7 @@ def iid_tokens_per_step(alpha, k):
         return np.where(np.isclose(a, 1.0), k + 1, (1 - a ** (k + 1)) / (1 - a))
 
 
-def iid_prediction(gpu: str, study: str = "acceptance") -> pd.DataFrame:
+def iid_prediction(profile: str, study: str = "acceptance") -> pd.DataFrame:
     """Measured tokens/step vs the i.i.d. prediction at the same mean acceptance, per cell x prompt set.
 
     alpha = pooled P(accept position i | tried i) (for i.i.d. acceptance this is the per-token rate);
@@ -436,8 +436,8 @@ def iid_prediction(gpu: str, study: str = "acceptance") -> pd.DataFrame:
     cell's k (a position the proposer left empty is a rejection, tables.py); error = measured / predicted - 1
     (relative), abs_error = measured - predicted (tokens); CIs are 95% bootstraps over acceptance units.
     `synthetic` marks the controlled i.i.d. cells (a sanity check)."""
-    pos = _acceptance(gpu, study, "positions", None)
-    lens = _acceptance(gpu, study, "lengths", None)
+    pos = _acceptance(profile, study, "positions", None)
+    lens = _acceptance(profile, study, "lengths", None)
     lens = lens.assign(tokens=(lens["length"] + 1) * lens["count"])
     rows = []
     both = pd.concat([pos.assign(tokens=0.0, count=0.0), lens.assign(tried=0.0, accepted=0.0)], ignore_index=True)
@@ -452,7 +452,7 @@ def iid_prediction(gpu: str, study: str = "acceptance") -> pd.DataFrame:
                 return a, tot[..., 2] / tot[..., 3], iid_tokens_per_step(a, k)
 
         a, meas, pred = stats(M.sum(0))
-        w = _weights(len(M), "iid", gpu, study, keys)
+        w = _weights(len(M), "iid", profile, study, keys)
         if w is not None:
             ra, rm, rp = stats(w @ M)
             err_ci, meas_ci, a_ci = ci(rm / rp - 1), ci(rm), ci(ra)
@@ -483,17 +483,17 @@ def _crossing(alphas: np.ndarray, s: np.ndarray) -> float:
     return float(a0 + (1.0 - s0) * (a1 - a0) / (s1 - s0))
 
 
-def synthetic_speedup(gpu: str, study: str = "acceptance") -> pd.DataFrame:
+def synthetic_speedup(profile: str, study: str = "acceptance") -> pd.DataFrame:
     """speedup() rows of the synthetic-acceptance cells (alpha set): speedup vs forced acceptance alpha."""
-    sp = speedup(gpu, study)
+    sp = speedup(profile, study)
     sp = sp[sp["alpha"].notna() & (sp["k"] > 0)]
     if sp.empty:
-        raise SpecdecError(f"study '{study}' on profile '{gpu}' has no synthetic-acceptance (alpha) cells")
+        raise SpecdecError(f"study '{study}' on profile '{profile}' has no synthetic-acceptance (alpha) cells")
     return sp.reset_index(drop=True)
 
 
 @_replicates
-def break_even(gpu: str, study: str = "acceptance") -> pd.DataFrame:
+def break_even(profile: str, study: str = "acceptance") -> pd.DataFrame:
     """Break-even acceptance per batch size (and k): the alpha at which SD speedup reaches 1.0.
 
     From the synthetic-acceptance cells (i.i.d. acceptance forced at alpha, real draft + verify cost):
@@ -501,10 +501,10 @@ def break_even(gpu: str, study: str = "acceptance") -> pd.DataFrame:
     temperature, quant, alphas (measured grid), speedup_at_min_alpha, speedup_at_max_alpha, break_even
     (probability in [0, 1], NaN when the curve does not cross 1 inside the grid: see note), ci_lo/ci_hi
     (95% bootstrap of the whole curve; NaN when open-ended), note."""
-    sp = speedup(gpu, study, replicates=True)
+    sp = speedup(profile, study, replicates=True)
     sp = sp[sp["alpha"].notna() & (sp["k"] > 0)]
     if sp.empty:
-        raise SpecdecError(f"study '{study}' on profile '{gpu}' has no synthetic-acceptance (alpha) cells")
+        raise SpecdecError(f"study '{study}' on profile '{profile}' has no synthetic-acceptance (alpha) cells")
     keys = ["profile", "engine", "pair", "batch", "k", "proposer", "temperature", "quant"]
     rows = []
     for key, g in sp.groupby(keys, dropna=False, sort=True):
@@ -540,19 +540,19 @@ def break_even(gpu: str, study: str = "acceptance") -> pd.DataFrame:
 
 # -- draft overhead ----------------------------------------------------------------------------------------
 @_replicates
-def draft_overhead(gpu: str, study: str = "batch") -> pd.DataFrame:
+def draft_overhead(profile: str, study: str = "batch") -> pd.DataFrame:
     """Share of step time spent proposing, per speculative static cell, from the steps table.
 
     Columns: cell keys, n_steps, draft_s/verify_s/other_s (seconds, summed), draft_frac = draft_s /
     (draft_s + verify_s + other_s) (fraction) with ci_lo/ci_hi (95% bootstrap over steps), verify_frac."""
-    s = load(study, gpu, "steps")
+    s = load(study, profile, "steps")
     s = s[(s["k"] > 0) & (s["mode"] == "static")]
     if s.empty:
-        raise SpecdecError(f"study '{study}' on profile '{gpu}' has no speculative static cells with step traces")
+        raise SpecdecError(f"study '{study}' on profile '{profile}' has no speculative static cells with step traces")
     rows = []
     for run_id, g in s.groupby("run_id", sort=False):
         tot = g["draft_s"] + g["verify_s"] + g["other_s"]
-        est, r = _ratio(g["draft_s"], tot, "ovh", gpu, study, run_id)
+        est, r = _ratio(g["draft_s"], tot, "ovh", profile, study, run_id)
         lo, hi = ci(r)
         rows.append({**_cell(g.iloc[0]), "n_steps": len(g), "draft_s": float(g["draft_s"].sum()),
                      "verify_s": float(g["verify_s"].sum()), "other_s": float(g["other_s"].sum()),
@@ -564,17 +564,17 @@ def draft_overhead(gpu: str, study: str = "batch") -> pd.DataFrame:
 
 
 
-def forward_times(gpu: str, study: str = "hardware") -> pd.DataFrame:
+def forward_times(profile: str, study: str = "hardware") -> pd.DataFrame:
     """Mean forward-pass time per model, batch, query and context (hardware study).
 
     Columns: profile, model (target | draft), batch, query (tokens per sequence), context (KV tokens),
     tokens (batch x query), n (timed repeats), seconds (mean, s) with ci_lo/ci_hi (95% bootstrap over
     repeats), tokens_per_s."""
-    f = load(study, gpu, "forwards")
+    f = load(study, profile, "forwards")
     rows = []
     for key, g in f.groupby(["profile", "engine", "pair", "model", "batch", "query", "context"], sort=True):
         x = g["seconds"].to_numpy(float)
-        est, r = _ratio(x, np.ones_like(x), "fwd", gpu, study, key)
+        est, r = _ratio(x, np.ones_like(x), "fwd", profile, study, key)
         lo, hi = ci(r)
         rows.append({**dict(zip(["profile", "engine", "pair", "model", "batch", "query", "context"], key)),
                      "tokens": int(g["tokens"].iloc[0]), "n": len(x), "seconds": est, "ci_lo": lo, "ci_hi": hi,
@@ -583,12 +583,12 @@ def forward_times(gpu: str, study: str = "hardware") -> pd.DataFrame:
 
 
 @_replicates
-def forward_ratio(gpu: str, study: str = "hardware") -> pd.DataFrame:
+def forward_ratio(profile: str, study: str = "hardware") -> pd.DataFrame:
     """Draft forward time / target forward time at the same batch, query and context (hardware study).
 
     Columns: profile, batch, query (tokens per sequence), context (KV tokens), draft_s, target_s (mean
     seconds), ratio (dimensionless) with ci_lo/ci_hi (95% bootstrap over repeats, models independent)."""
-    f = load(study, gpu, "forwards")
+    f = load(study, profile, "forwards")
     keys = ["profile", "engine", "pair", "batch", "query", "context"]
     rows = []
     for key, g in f.groupby(keys, sort=True):
@@ -596,14 +596,14 @@ def forward_ratio(gpu: str, study: str = "hardware") -> pd.DataFrame:
         t = g.loc[g["model"] == "target", "seconds"].to_numpy(float)
         if not len(d) or not len(t):
             continue
-        _, rd = _ratio(d, np.ones_like(d), "fr-d", gpu, study, key)
-        _, rt = _ratio(t, np.ones_like(t), "fr-t", gpu, study, key)
+        _, rd = _ratio(d, np.ones_like(d), "fr-d", profile, study, key)
+        _, rt = _ratio(t, np.ones_like(t), "fr-t", profile, study, key)
         r = rd / rt
         lo, hi = ci(r)
         rows.append({**dict(zip(keys, key)), "draft_s": d.mean(), "target_s": t.mean(), "ratio": d.mean() / t.mean(),
                      "ci_lo": lo, "ci_hi": hi, "replicates": r})
     if not rows:
-        raise SpecdecError(f"study '{study}' on profile '{gpu}' has no forward passes of both target and draft")
+        raise SpecdecError(f"study '{study}' on profile '{profile}' has no forward passes of both target and draft")
     return pd.DataFrame(rows)
 
 
@@ -633,7 +633,7 @@ def overhead_across_profiles(profile_list: list[str] | None = None) -> pd.DataFr
 
 # -- alternatives -----------------------------------------------------------------------------------------
 @_replicates
-def alternatives(gpu: str, study: str = "alternatives") -> pd.DataFrame:
+def alternatives(profile: str, study: str = "alternatives") -> pd.DataFrame:
     """Each alternative's decode-throughput speedup over a plain fp32, no-SD reference.
 
     Options (rows): "int8" (int8 weights, no SD), "SD" (fp32 + SD), "SD+int8" -- each vs fp32 no-SD static
@@ -643,14 +643,14 @@ def alternatives(gpu: str, study: str = "alternatives") -> pd.DataFrame:
     no-SD static batches of the poisson cell's maximum batch size (same concurrency cap). Columns: option, batch, k, proposer, quant, mode,
     rate (arrivals/s), reference, throughput_tok_s and ref_tok_s (tokens/s), speedup with ci_lo/ci_hi
     (95% bootstrap), mean_active (continuous batching: sequences per step)."""
-    tp = throughput(gpu, study, replicates=True)
+    tp = throughput(profile, study, replicates=True)
     fp = tp[(tp["quant"] == "none") & (tp["k"] == 0)]
     rows = []
 
     def add(option, cell, ref, ref_name, extra=None):
         r = cell["replicates"] / ref["replicates"]
         lo, hi = ci(r)
-        rows.append({"profile": gpu, "option": option, "batch": int(cell["batch"]), "k": int(cell["k"]),
+        rows.append({"profile": profile, "option": option, "batch": int(cell["batch"]), "k": int(cell["k"]),
                      "proposer": cell["proposer"], "quant": cell["quant"], "mode": cell["mode"],
                      "rate": cell.get("rate", np.nan), "reference": ref_name, "run_id": cell["run_id"],
                      "throughput_tok_s": cell["throughput_tok_s"], "ref_tok_s": ref["throughput_tok_s"],
@@ -671,7 +671,7 @@ def alternatives(gpu: str, study: str = "alternatives") -> pd.DataFrame:
                 add(f"SD+{c['quant']}", c, ref, name)
     # continuous batching: compared with serving one request at a time (static bs 1, fp32, no SD)
     try:
-        serv = serving_throughput(gpu, study, replicates=True)
+        serv = serving_throughput(profile, study, replicates=True)
     except SpecdecError:
         serv = None
     single = fp[fp["batch"] == fp["batch"].min()] if len(fp) else fp
@@ -688,15 +688,15 @@ def alternatives(gpu: str, study: str = "alternatives") -> pd.DataFrame:
                 add("continuous vs static batching", c, same.iloc[0], f"fp32 no-SD static bs{c['batch']}",
                     extra={"mean_active": c["mean_active"]})
     if not rows:
-        raise SpecdecError(f"study '{study}' on profile '{gpu}' has no alternative to compare with its baseline")
+        raise SpecdecError(f"study '{study}' on profile '{profile}' has no alternative to compare with its baseline")
     return pd.DataFrame(rows)
 
 
 
 
-def summary(gpu: str, study: str) -> dict:
+def summary(profile: str, study: str) -> dict:
     """A few headline counts: cells (complete runs), engines, pair."""
-    r = runs(gpu, study)
+    r = runs(profile, study)
     return {"cells": len(r), "engines": sorted(r["engine"].unique()), "pair": sorted(r["pair"].dropna().unique())}
 
 
@@ -714,15 +714,15 @@ def fmt_ci(est: float, lo: float, hi: float, digits: int = 2, unit: str = "") ->
 BENCH_GOALS = {0: 1.0, "sd": 1.0}  # HF time / our time: >= 1.0 vs HF generate and vs HF assisted generation
 
 
-def bench(gpu: str) -> pd.DataFrame:
+def bench(profile: str) -> pd.DataFrame:
     """Ours vs transformers per bench cell (batch, k): hf_over_ours = HF seconds / our seconds for the same
     prompts (> 1: ours is faster; dimensionless) with a 95% bootstrap CI over (repeat, batch) pairs, the goal,
     whether the point estimate meets it, and the share of sequences whose greedy outputs agree."""
-    df = load("bench", gpu, "bench")
+    df = load("bench", profile, "bench")
     rows = []
     for (bs, k), g in df.groupby(["batch", "k"]):
         wide = g.pivot_table(index=["repeat", "batch_idx"], columns="impl", values="seconds")
-        est, reps = _ratio(wide["hf"].values, wide["ours"].values, gpu, "bench", bs, k)
+        est, reps = _ratio(wide["hf"].values, wide["ours"].values, profile, "bench", bs, k)
         lo, hi = ci(reps)
         goal = BENCH_GOALS[0] if k == 0 else BENCH_GOALS["sd"]
         rows.append({"batch": int(bs), "k": int(k), "compared_with": "HF generate" if k == 0 else
@@ -741,9 +741,9 @@ def profile_status() -> pd.DataFrame:
                if s in cfgmod.study_names()]
     rows = []
     for name in hardware.profile_names():
-        prof = hardware.load_profile(name)
-        row = {"profile": name, "kind": prof.get("kind"), "description": prof.get("description"),
-               "peak_tflops": prof.get("peak_tflops"), "mem_bw_tbs": prof.get("mem_bw_tbs")}
+        hw = hardware.load_profile(name)
+        row = {"profile": name, "kind": hw.get("kind"), "description": hw.get("description"),
+               "peak_tflops": hw.get("peak_tflops"), "mem_bw_tbs": hw.get("mem_bw_tbs")}
         for study in studies:
             row[study] = "measured" if tables.has_runs(name, study) else "ABSENT"
         rows.append(row)
@@ -753,7 +753,7 @@ def profile_status() -> pd.DataFrame:
 CONTENTION_RATIO = 0.8  # a batch is suspect when its cpu_util is below this share of its batch size's median
 
 
-def contention(gpu: str, study: str = "batch") -> pd.DataFrame:
+def contention(profile: str, study: str = "batch") -> pd.DataFrame:
     """Per run: min and median cpu_util (process CPU seconds / wall seconds, ~torch threads when the machine is
     quiet) over its timed batches, and `suspect` when some batch got less than CONTENTION_RATIO of the median
     cpu_util of all batches of that batch size (another process competed for the CPU), or when its
@@ -762,14 +762,14 @@ def contention(gpu: str, study: str = "batch") -> pd.DataFrame:
     cpu_util or the probe existed show NaN there and are not flagged by it."""
     from ..engines import probe
 
-    b = load(study, gpu, "batches")
+    b = load(study, profile, "batches")
     if "cpu_util" not in b:
         b["cpu_util"] = np.nan
     med = b.groupby("batch")["cpu_util"].transform("median")
     b["low"] = b["cpu_util"] < CONTENTION_RATIO * med
     out = b.groupby(["run_id", "engine", "batch", "k", "proposer"], as_index=False).agg(
         cpu_util_min=("cpu_util", "min"), cpu_util_median=("cpu_util", "median"), suspect=("low", "any"))
-    runs = tables.runs(gpu, study).set_index("run_id")
+    runs = tables.runs(profile, study).set_index("run_id")
     for col in ("probe_before_gbs", "probe_after_gbs"):
         out[col] = out["run_id"].map(runs[col]) if col in runs else np.nan
     out["probe_drift"] = out["probe_after_gbs"] / out["probe_before_gbs"] - 1

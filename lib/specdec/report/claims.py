@@ -104,8 +104,8 @@ class _Data:
     """Lazily computed analyses for one profile; a missing study is remembered as its one-line reason.
     `engine` keeps only that engine's speedup rows (None: all)."""
 
-    def __init__(self, gpu, engine: str | None = None):
-        self.gpu, self.engine, self._cache = gpu, engine, {}
+    def __init__(self, profile, engine: str | None = None):
+        self.profile, self.engine, self._cache = profile, engine, {}
 
     def get(self, name, fn, *args, **kwargs):
         if name not in self._cache:
@@ -116,15 +116,15 @@ class _Data:
         return self._cache[name]
 
     def speedup(self):
-        sp, why = self.get("speedup", views.speedup, self.gpu)
+        sp, why = self.get("speedup", views.speedup, self.profile)
         if sp is None or self.engine is None or "engine" not in sp:
             return sp, why
         sel = sp[sp["engine"] == self.engine]
-        return (sel, "") if len(sel) else (None, f"no {self.engine} runs of the batch study on {self.gpu}")
+        return (sel, "") if len(sel) else (None, f"no {self.engine} runs of the batch study on {self.profile}")
 
     def engines(self) -> set:
-        sp, _ = self.get("speedup", views.speedup, self.gpu)
-        return set(sp["engine"]) if sp is not None and "engine" in sp and views.measured(self.gpu, "batch") else set()
+        sp, _ = self.get("speedup", views.speedup, self.profile)
+        return set(sp["engine"]) if sp is not None and "engine" in sp and views.measured(self.profile, "batch") else set()
 
 
 def _sd_cells(sp: pd.DataFrame) -> pd.DataFrame:
@@ -142,7 +142,7 @@ def _eagle_claim(cid, d: _Data, batch, claimed, k=None):
     sd = _sd_cells(sp)
     sel = sd[(sd["batch"] == batch) & ((sd["k"] == k) if k else True)]
     eagle = sel[_is_eagle(sel)]
-    note = "" if d.gpu == "h100" else f"; the claim is for H100, this is profile '{d.gpu}'"
+    note = "" if d.profile == "h100" else f"; the claim is for H100, this is profile '{d.profile}'"
     if eagle.empty:
         proposers = ", ".join(sorted(set(sd["proposer"]))) or "none"
         if sel.empty:
@@ -231,7 +231,7 @@ def _c6(cid, d: _Data, claimed: float, large: bool):
     size = "large (target >= %gB)" % LARGE_TARGET_B if large else "small (target < %gB)" % LARGE_TARGET_B
     rule = f"{size} pair: break-even acceptance within +-{ALPHA_TOL} of {claimed} ([{lo_b:.1f}, {hi_b:.1f}]) " \
            f"at every measured batch size; number: the farthest"
-    be, why = d.get("break_even", lambda g: views.break_even(g)[1], d.gpu)
+    be, why = d.get("break_even", lambda g: views.break_even(g)[1], d.profile)
     if be is not None and be.empty:
         be, why = None, "no break-even cells (synthetic acceptance) measured"
     if be is None:
@@ -347,7 +347,7 @@ def _c7(d: _Data):
 def _c8(d: _Data):
     rule = (f"an alternative (quantization, or continuous batching vs serving one at a time) reaches >= "
             f"{AS_GOOD} x the best SD speedup in >= {OFTEN:.0%} of the settings")
-    df, why = d.get("alternatives", analysis.alternatives, d.gpu, "alternatives", replicates=True)
+    df, why = d.get("alternatives", analysis.alternatives, d.profile, "alternatives", replicates=True)
     if df is None:
         return _row("C8", rule, NOT_MEASURABLE, why)
     comps, labels = [], []  # (alt replicate array, alt estimate, sd replicates, sd estimate)
@@ -383,7 +383,7 @@ def _c8s(d: _Data):
     from . import servestats
     rule = (f"the no-SD server (continuous batching alone) reaches >= {AS_GOOD} x the SD server's speed per output "
             f"token (median TPOT, paired windows) in >= {OFTEN:.0%} of the served settings (proposer x rate)")
-    df, why = d.get("serving", servestats.paired, d.gpu, replicates=True)
+    df, why = d.get("serving", servestats.paired, d.profile, replicates=True)
     if df is None:
         return _row("C8s", rule, NOT_MEASURABLE, why)
     t = df[df["metric"] == "tpot_p50"]
@@ -400,10 +400,10 @@ def _c8s(d: _Data):
     return dict(row, basis="measured, vllm server")
 
 
-def verdicts(gpu: str) -> pd.DataFrame:
-    """One row per claim: the measured number with its 95% CI from profile `gpu` (all profiles for C7),
+def verdicts(profile: str) -> pd.DataFrame:
+    """One row per claim: the measured number with its 95% CI from profile `profile` (all profiles for C7),
     the rule, and the verdict ("reproduced" / "not reproduced" / "not measurable here") with its reason."""
-    d = _Data(gpu)
+    d = _Data(profile)
 
     def speedup_claims(data):
         return [_eagle_claim("C1", data, batch=1, claimed=1.96, k=3),
@@ -411,7 +411,7 @@ def verdicts(gpu: str) -> pd.DataFrame:
 
     rows = speedup_claims(d)
     if "vllm" in d.engines():  # the production engine decides; the torch engine's answer stands beside it
-        by_vllm, by_torch = speedup_claims(_Data(gpu, "vllm")), speedup_claims(_Data(gpu, "torch"))
+        by_vllm, by_torch = speedup_claims(_Data(profile, "vllm")), speedup_claims(_Data(profile, "torch"))
         rows = []
         for v, t in zip(by_vllm, by_torch):
             basis = "measured, vllm"
@@ -419,10 +419,10 @@ def verdicts(gpu: str) -> pd.DataFrame:
     rows += [_c6("C6a", d, 0.7, large=False), _c6("C6b", d, 0.9, large=True), _c7(d), _c8(d), _c8s(d)]
     df = pd.DataFrame(rows)
     df["torch_engine"] = df["torch_engine"].fillna("") if "torch_engine" in df else ""
-    df["profile"] = gpu
-    basis = {study: views.mode(gpu, study).kind for study in set(CLAIM_STUDY.values())}
+    df["profile"] = profile
+    basis = {study: views.mode(profile, study).kind for study in set(CLAIM_STUDY.values())}
     given = df["basis"] if "basis" in df else pd.Series([None] * len(df))
-    if basis.get("batch") == "measured" and views.synthetic(gpu, "batch"):
+    if basis.get("batch") == "measured" and views.synthetic(profile, "batch"):
         basis["batch"] = "measured (synthetic weights, replayed acceptance, torch engine)"
     df["basis"] = [g if isinstance(g, str) else basis[CLAIM_STUDY[c]] for c, g in zip(df["claim"], given)]
     df.loc[df["verdict"] == NOT_MEASURABLE, "basis"] = df.loc[df["verdict"] == NOT_MEASURABLE, "basis"].replace(

@@ -30,39 +30,39 @@ def _probe(runs: pd.DataFrame) -> pd.Series:
     return r[["probe_before_gbs", "probe_after_gbs"]].mean(axis=1, skipna=True)
 
 
-def tokens_per_step(gpu: str, study: str = "batch") -> pd.Series:
+def tokens_per_step(profile: str, study: str = "batch") -> pd.Series:
     """Tokens per sequence per step of each SD run, by run_id: 1 + mean draft tokens accepted per step
     (lengths table). vLLM counts only steps that proposed something; the torch engine counts every step."""
     try:
-        lengths = tables.load(gpu, study, "lengths")
+        lengths = tables.load(profile, study, "lengths")
     except SpecdecError:
         return pd.Series(dtype=float)
     g = lengths.assign(acc=lengths["length"] * lengths["count"]).groupby("run_id")[["acc", "count"]].sum()
     return 1 + g["acc"] / g["count"]
 
 
-def _table(gpu: str, study: str) -> pd.DataFrame:
-    sp = analysis.speedup(gpu, study, replicates=True)
+def _table(profile: str, study: str) -> pd.DataFrame:
+    sp = analysis.speedup(profile, study, replicates=True)
     if "engine" not in sp or not set(ENGINES) <= set(sp["engine"]):
-        raise SpecdecError(f"engine fidelity needs cells of both engines (vllm and torch) in {study}/{gpu}; "
+        raise SpecdecError(f"engine fidelity needs cells of both engines (vllm and torch) in {study}/{profile}; "
                            f"measured: {', '.join(sorted(set(sp.get('engine', []))))}")
-    runs = tables.runs(gpu, study)
-    b = tables.load(gpu, study, "batches")
+    runs = tables.runs(profile, study)
+    b = tables.load(profile, study, "batches")
     same = b.groupby("run_id")["same_as_base"].mean() if "same_as_base" in b else pd.Series(dtype=float)
     sp = sp.assign(probe_gbs=sp["run_id"].map(_probe(runs)),
-                   tokens_per_step=sp["run_id"].map(tokens_per_step(gpu, study)),
+                   tokens_per_step=sp["run_id"].map(tokens_per_step(profile, study)),
                    same_as_base=sp["run_id"].map(same))
     return sp
 
 
-def engines(gpu: str, study: str = "batch") -> pd.DataFrame:
+def engines(profile: str, study: str = "batch") -> pd.DataFrame:
     """One row per cell measured by both engines: no-SD throughput of each (tokens/s; the SD cell's own
     interleaved base arm, or the k=0 cell), base_ratio = torch / vLLM raw and base_ratio_probe divided by
     each run's probe (GB/s); each engine's SD speedup with its 95% CI; speedup_ratio = torch / vLLM speedup
     with a CI (replicates of the two engines are independent); tokens per step of each; vllm_same_as_base
     (share of vLLM's SD sequences identical to its own no-SD ones: 1 for greedy cells); verdict "agree"
     when the two speedup CIs overlap, else "disagree" (NaN speedups for k=0 rows: "no SD")."""
-    sp = _table(gpu, study)
+    sp = _table(profile, study)
     rows = []
     for key, g in sp.groupby(KEYS, dropna=False, sort=True):
         by = {e: g[g["engine"] == e] for e in ENGINES}
@@ -89,18 +89,18 @@ def engines(gpu: str, study: str = "batch") -> pd.DataFrame:
             row["verdict"] = "no SD"
         rows.append(row)
     if not rows:
-        raise SpecdecError(f"no cell of {study}/{gpu} was measured by both engines")
+        raise SpecdecError(f"no cell of {study}/{profile} was measured by both engines")
     return pd.DataFrame(rows)
 
 
-def roofline(gpu: str, study: str = "batch") -> pd.DataFrame:
+def roofline(profile: str, study: str = "batch") -> pd.DataFrame:
     """Batch-1 cells of each engine against the read-bandwidth bound: probe_gbs, base_tok_s and
     base_bound_tok_s (tokens/s), base_frac = measured / bound; for SD cells tokens_per_step, bound_speedup
     and sd_frac = measured speedup / bound speedup. Needs the pair's read bytes (models.read_bytes)."""
-    sp = _table(gpu, study)
+    sp = _table(profile, study)
     sp = sp[sp["batch"] == 1]
     if sp.empty:
-        raise SpecdecError(f"no batch-1 cells in {study}/{gpu}")
+        raise SpecdecError(f"no batch-1 cells in {study}/{profile}")
     rows = []
     for _, r in sp.iterrows():
         tgt, dft = models.read_bytes(r["pair"])
@@ -118,17 +118,17 @@ def roofline(gpu: str, study: str = "batch") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def vllm_step_split(gpu: str, study: str = "batch") -> pd.DataFrame:
+def vllm_step_split(profile: str, study: str = "batch") -> pd.DataFrame:
     """Per vLLM SD run: where its steps' time went (vllm_steps.py), summed over the cell arm's timed calls:
     engine_steps, step_s, draft_s, verify_s, other_s (s) and draft_frac / verify_frac / other_frac of step_s.
     Calls include their prefill steps. Runs measured without the in-process timer are left out."""
-    b = tables.load(gpu, study, "batches")
+    b = tables.load(profile, study, "batches")
     if "draft_s" not in b:
-        raise SpecdecError(f"no vLLM step timings in {study}/{gpu} (engine measured out of process, or before "
+        raise SpecdecError(f"no vLLM step timings in {study}/{profile} (engine measured out of process, or before "
                            f"vllm_steps existed)")
     b = b[(b["engine"] == "vllm") & (b["arm"] == "cell") & (b["k"] > 0) & b["draft_s"].notna()]
     if b.empty:
-        raise SpecdecError(f"no vLLM SD runs with step timings in {study}/{gpu}")
+        raise SpecdecError(f"no vLLM SD runs with step timings in {study}/{profile}")
     cols = ["engine_steps", "step_s", "draft_s", "verify_s", "other_s"]
     out = b.groupby(["run_id", "batch", "k", "proposer"], as_index=False)[cols].sum()
     for part in ("draft", "verify", "other"):
@@ -136,7 +136,7 @@ def vllm_step_split(gpu: str, study: str = "batch") -> pd.DataFrame:
     return out.sort_values(["proposer", "batch", "k"], ignore_index=True)
 
 
-def bandwidth(gpu: str) -> pd.DataFrame:
+def bandwidth(profile: str) -> pd.DataFrame:
     """The machine's read bandwidth as the probes of every run of the profile saw it (probe.py), per study and
     engine: n_probes, median/min/max GB/s, first/last run start. The roofline's denominator."""
     from ..data import config
@@ -144,7 +144,7 @@ def bandwidth(gpu: str) -> pd.DataFrame:
     rows = []
     for study in config.study_names():
         try:
-            runs = tables.runs(gpu, study)
+            runs = tables.runs(profile, study)
         except SpecdecError:
             continue
         if "probe_before_gbs" not in runs:
@@ -156,5 +156,5 @@ def bandwidth(gpu: str) -> pd.DataFrame:
                              "min_gbs": vals.min(), "max_gbs": vals.max(), "first_run": g["started"].min(),
                              "last_run": g["started"].max()})
     if not rows:
-        raise SpecdecError(f"no run of profile '{gpu}' recorded a bandwidth probe (runs before probe.py)")
+        raise SpecdecError(f"no run of profile '{profile}' recorded a bandwidth probe (runs before probe.py)")
     return pd.DataFrame(rows)

@@ -1,5 +1,5 @@
 """Figures and tables of the studies: plotting helpers that take analysis DataFrames and return a Figure,
-plus writers for figures/<gpu>/<name>.{png,pdf} and build/<gpu>/<name>.csv.
+plus writers for figures/<profile>/<name>.{png,pdf} and build/<profile>/<name>.csv.
 
 Output roots: $SPECDEC_FIGURES (default <repo>/figures) and $SPECDEC_BUILD (default <repo>/build).
 Figure and table names start with the study stem (batch-speedup, acceptance-positions, ...).
@@ -30,17 +30,17 @@ WIDTH = 6.4
 
 
 # -- output ---------------------------------------------------------------------------------------------------
-def figures_dir(gpu: str) -> Path:
-    return Path(os.environ.get("SPECDEC_FIGURES") or paths.root() / "figures") / gpu
+def figures_dir(profile: str) -> Path:
+    return Path(os.environ.get("SPECDEC_FIGURES") or paths.root() / "figures") / profile
 
 
-def build_dir(gpu: str) -> Path:
-    return paths.build_root() / gpu
+def build_dir(profile: str) -> Path:
+    return paths.build_root() / profile
 
 
-def save(fig, gpu: str, name: str) -> list[Path]:
-    """Write figures/<gpu>/<name>.png (150 dpi) and .pdf; returns the two paths."""
-    folder = figures_dir(gpu)
+def save(fig, profile: str, name: str) -> list[Path]:
+    """Write figures/<profile>/<name>.png (150 dpi) and .pdf; returns the two paths."""
+    folder = figures_dir(profile)
     folder.mkdir(parents=True, exist_ok=True)
     out = []
     for ext in ("png", "pdf"):
@@ -50,18 +50,18 @@ def save(fig, gpu: str, name: str) -> list[Path]:
     return out
 
 
-def save_table(df: pd.DataFrame, gpu: str, name: str) -> Path:
-    """Write build/<gpu>/<name>.csv (floats with 6 significant digits); returns the path."""
-    folder = build_dir(gpu)
+def save_table(df: pd.DataFrame, profile: str, name: str) -> Path:
+    """Write build/<profile>/<name>.csv (floats with 6 significant digits); returns the path."""
+    folder = build_dir(profile)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.csv"
     df.drop(columns=["replicates"], errors="ignore").to_csv(path, index=False, float_format="%.6g")
     return path
 
 
-def save_text(text: str, gpu: str, filename: str) -> Path:
-    """Write build/<gpu>/<filename> (e.g. claims.md); returns the path."""
-    folder = build_dir(gpu)
+def save_text(text: str, profile: str, filename: str) -> Path:
+    """Write build/<profile>/<filename> (e.g. claims.md); returns the path."""
+    folder = build_dir(profile)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / filename
     path.write_text(text)
@@ -97,21 +97,21 @@ def stamp(fig, source):
 
 
 def plot(title: str, size=(WIDTH, 4.0), empty=None, legend=True):
-    """The skeleton every single-panel figure shares, written once: title from `title` (formatted with gpu),
+    """The skeleton every single-panel figure shares, written once: title from `title` (formatted with profile),
     a placeholder saying why when there is no data, one Axes of `size` (inches, or a function of the data),
     the title unless the drawing set its own, a small legend when something is labelled, tight layout.
 
-    Decorates draw(ax, df, gpu=..., **kwargs); the figure function is fn(df, gpu, note="", **kwargs).
+    Decorates draw(ax, df, profile=..., **kwargs); the figure function is fn(df, profile, note="", **kwargs).
     `empty(df)` -> a reason string when there is nothing to draw (default: df.empty)."""
     def wrap(draw):
         @functools.wraps(draw)
-        def figure(df, gpu: str, note: str = "", **kwargs):
-            name = title.format(gpu=gpu)
+        def figure(df, profile: str, note: str = "", **kwargs):
+            name = title.format(profile=profile)
             why = empty(df) if empty else ("" if not df.empty else "nothing measured")
             if why:
                 return placeholder(name, note or why)
             fig, ax = plt.subplots(figsize=size(df) if callable(size) else size)
-            draw(ax, df, gpu=gpu, **kwargs)
+            draw(ax, df, profile=profile, **kwargs)
             if not ax.get_title():
                 ax.set_title(name)
             if legend and ax.get_legend_handles_labels()[0]:
@@ -160,36 +160,36 @@ def _lines_vs_batch(ax, df: pd.DataFrame, y: str, lo: str = "ci_lo", hi: str = "
     _log2_batch(ax, df["batch"])
 
 
-@plot("SD speedup vs batch size ({gpu})", empty=lambda sp: "" if len(sp) and (sp["k"] > 0).any()
+@plot("SD speedup vs batch size ({profile})", empty=lambda sp: "" if len(sp) and (sp["k"] > 0).any()
       else "no speculative cells")
-def batch_speedup(ax, sp: pd.DataFrame, gpu: str):
+def batch_speedup(ax, sp: pd.DataFrame, profile: str):
     """Speedup vs batch size, one line per proposer x k, 95% CI bars, the no-SD level at 1."""
     _lines_vs_batch(ax, sp[sp["k"] > 0], "speedup")
     ax.axhline(1.0, color="k", lw=1, ls="--", label="no SD")
     ax.set(xlabel="batch size (sequences)", ylabel="speedup over no-SD decode throughput")
 
 
-@plot("decode throughput vs batch size ({gpu})")
-def batch_throughput(ax, sp: pd.DataFrame, gpu: str):
+@plot("decode throughput vs batch size ({profile})")
+def batch_throughput(ax, sp: pd.DataFrame, profile: str):
     """Decode throughput (tokens/s) vs batch size, one line per proposer x k incl. the no-SD baseline."""
     _lines_vs_batch(ax, sp, "throughput_tok_s", "tp_ci_lo", "tp_ci_hi", dashed_baseline=True)
     ax.set_yscale("log")
     ax.set(xlabel="batch size (sequences)", ylabel="decode throughput (tokens/s)")
 
 
-@plot("proposal share of step time ({gpu})", size=(WIDTH, 3.6))
-def batch_overhead(ax, ov: pd.DataFrame, gpu: str):
+@plot("proposal share of step time ({profile})", size=(WIDTH, 3.6))
+def batch_overhead(ax, ov: pd.DataFrame, profile: str):
     """Share of step time spent proposing (draft_s / step time) vs batch size."""
     _lines_vs_batch(ax, ov, "draft_frac")
     ax.set_ylim(0, 1)
     ax.set(xlabel="batch size (sequences)", ylabel="draft_s / (draft + verify + other)")
 
 
-def batch_engines(eng: pd.DataFrame, gpu: str, note: str = ""):
+def batch_engines(eng: pd.DataFrame, profile: str, note: str = ""):
     """Engine fidelity: left, each SD cell's speedup on vLLM (x) against our torch engine (y) with both 95%
     CIs and the y = x line; right, no-SD throughput torch / vLLM per batch size, raw and divided by the
     runs' read-bandwidth probes."""
-    title = f"engine fidelity: vLLM vs our torch engine ({gpu})"
+    title = f"engine fidelity: vLLM vs our torch engine ({profile})"
     if eng.empty:
         return placeholder(title, note)
     fig, (a, b) = plt.subplots(1, 2, figsize=(WIDTH * 1.6, 4.0))
@@ -223,9 +223,9 @@ def batch_engines(eng: pd.DataFrame, gpu: str, note: str = ""):
 
 
 # -- acceptance study -------------------------------------------------------------------------------------------
-def acceptance_positions(pos: pd.DataFrame, gpu: str, note: str = ""):
+def acceptance_positions(pos: pd.DataFrame, profile: str, note: str = ""):
     """P(accept position i | tried i) vs i, one panel per proposer x temperature, hue = prompt set."""
-    title = f"acceptance by draft position ({gpu})"
+    title = f"acceptance by draft position ({profile})"
     if pos.empty:
         return placeholder(title, note)
     panels = pos[["proposer", "temperature"]].drop_duplicates().sort_values(["proposer", "temperature"])
@@ -250,8 +250,8 @@ def acceptance_positions(pos: pd.DataFrame, gpu: str, note: str = ""):
     return fig
 
 
-@plot("per-request acceptance ({gpu})", size=(WIDTH, 3.6), legend={"title": None})
-def acceptance_requests(ax, req: pd.DataFrame, gpu: str):
+@plot("per-request acceptance ({profile})", size=(WIDTH, 3.6), legend={"title": None})
+def acceptance_requests(ax, req: pd.DataFrame, profile: str):
     """Distribution of per-request acceptance (alpha_measured) by prompt set and proposer."""
     d = req.assign(setting=req["proposer"] + ", T=" + req["temperature"].map("{:g}".format))
     with warnings.catch_warnings():  # seaborn 0.13 passes matplotlib's deprecated `vert` to boxplot
@@ -262,8 +262,8 @@ def acceptance_requests(ax, req: pd.DataFrame, gpu: str):
     ax.set(xlabel="prompt set", ylabel="accepted / tried positions per request", ylim=(0, 1.05))
 
 
-@plot("real traces vs i.i.d. acceptance ({gpu})", size=(4.8, 4.4))
-def acceptance_iid(ax, iid: pd.DataFrame, gpu: str):
+@plot("real traces vs i.i.d. acceptance ({profile})", size=(4.8, 4.4))
+def acceptance_iid(ax, iid: pd.DataFrame, profile: str):
     """Measured tokens/step vs the i.i.d. prediction at the same mean acceptance (y = x is a perfect fit)."""
     for (synth, prop), g in iid.groupby(["synthetic", "proposer"]):
         label = f"{prop}, {'synthetic alpha' if synth else 'real'}"
@@ -275,13 +275,13 @@ def acceptance_iid(ax, iid: pd.DataFrame, gpu: str):
     ax.set(xlabel="i.i.d. prediction (1 - a^(k+1)) / (1 - a)", ylabel="measured tokens per step")
 
 
-def acceptance_breakeven(syn: pd.DataFrame, be: pd.DataFrame, gpu: str, note: str = ""):
+def acceptance_breakeven(syn: pd.DataFrame, be: pd.DataFrame, profile: str, note: str = ""):
     """Speedup vs forced acceptance alpha per batch size; where each curve crosses 1 is the break-even."""
-    return _breakeven(syn, gpu, note, be=be)
+    return _breakeven(syn, profile, note, be=be)
 
 
-@plot("break-even acceptance ({gpu})")
-def _breakeven(ax, syn: pd.DataFrame, gpu: str, be: pd.DataFrame):
+@plot("break-even acceptance ({profile})")
+def _breakeven(ax, syn: pd.DataFrame, profile: str, be: pd.DataFrame):
     batches = sorted(syn["batch"].unique())
     colors = dict(zip(batches, sns.color_palette(n_colors=len(batches))))
     for (b, k), g in syn.sort_values("alpha").groupby(["batch", "k"]):
@@ -296,8 +296,8 @@ def _breakeven(ax, syn: pd.DataFrame, gpu: str, be: pd.DataFrame):
 
 
 # -- hardware study ---------------------------------------------------------------------------------------------
-@plot("forward-pass time ({gpu})", legend=False)
-def hardware_forward(ax, ft: pd.DataFrame, gpu: str):
+@plot("forward-pass time ({profile})", legend=False)
+def hardware_forward(ax, ft: pd.DataFrame, profile: str):
     """Forward-pass time vs batched tokens, per model and KV context."""
     queries = sorted(ft["query"].unique())
     colors = dict(zip(queries, sns.color_palette(n_colors=len(queries))))
@@ -312,8 +312,8 @@ def hardware_forward(ax, ft: pd.DataFrame, gpu: str):
     ax.legend(fontsize=6, ncol=2)
 
 
-@plot("draft / target forward time ({gpu})", size=(WIDTH, 3.6))
-def hardware_overhead(ax, fr: pd.DataFrame, gpu: str):
+@plot("draft / target forward time ({profile})", size=(WIDTH, 3.6))
+def hardware_overhead(ax, fr: pd.DataFrame, profile: str):
     """Draft / target forward time at the same batch and query, vs batch size."""
     for (q, ctx), g in fr.sort_values("batch").groupby(["query", "context"]):
         ax.errorbar(g["batch"], g["ratio"], yerr=_err(g, "ratio"), marker="o", capsize=3,
@@ -344,8 +344,8 @@ def hardware_profiles(ac: pd.DataFrame, note: str = ""):
 
 
 # -- alternatives study ---------------------------------------------------------------------------------------------
-@plot("SD vs quantization vs batching ({gpu})", size=lambda alt: (WIDTH, 0.45 * len(alt) + 1.2), legend=False)
-def alternatives_compare(ax, alt: pd.DataFrame, gpu: str):
+@plot("SD vs quantization vs batching ({profile})", size=lambda alt: (WIDTH, 0.45 * len(alt) + 1.2), legend=False)
+def alternatives_compare(ax, alt: pd.DataFrame, profile: str):
     """Speedup of each alternative over its fp32 no-SD reference (bars, 95% CI)."""
     d = alt.copy()
     d["setting"] = [f"bs{b}" + (f", {r:g}/s" if pd.notna(r) else "") + (f", k={k}" if k else "")
@@ -361,9 +361,9 @@ def alternatives_compare(ax, alt: pd.DataFrame, gpu: str):
     ax.set(xlabel="speedup over fp32 no-SD reference (see table: same batch, or bs1 for batching)")
 
 
-def alternatives_latency(lat: pd.DataFrame, gpu: str, note: str = ""):
+def alternatives_latency(lat: pd.DataFrame, profile: str, note: str = ""):
     """Latency and time-to-first-token percentiles of the continuous-batching cells, by arrival rate and k."""
-    title = f"continuous batching latency ({gpu})"
+    title = f"continuous batching latency ({profile})"
     if lat.empty:
         return placeholder(title, note)
     d = lat[lat["metric"].isin(["latency_s", "ttft_s"])].copy()
@@ -390,10 +390,10 @@ def alternatives_latency(lat: pd.DataFrame, gpu: str, note: str = ""):
 PROPOSER_COLORS = {"draft": "tab:blue", "ngram": "tab:orange", "eagle": "tab:green", "eagle3": "tab:olive"}
 
 
-def serving_curves(lat: pd.DataFrame, gpu: str, note: str = ""):
+def serving_curves(lat: pd.DataFrame, profile: str, note: str = ""):
     """Latency vs achieved throughput, one point per rate: SD servers solid, their paired no-SD servers dotted
     in the same colour; median time per output token (left) and median end-to-end latency (right)."""
-    title = f"vLLM server under Poisson load: latency vs throughput ({gpu})"
+    title = f"vLLM server under Poisson load: latency vs throughput ({profile})"
     if lat.empty:
         return placeholder(title, note)
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH * 1.3, 3.6), squeeze=False)
@@ -413,10 +413,10 @@ def serving_curves(lat: pd.DataFrame, gpu: str, note: str = ""):
     return fig
 
 
-def serving_speedup(paired: pd.DataFrame, static: pd.DataFrame, gpu: str, note: str = ""):
+def serving_speedup(paired: pd.DataFrame, static: pd.DataFrame, profile: str, note: str = ""):
     """Where SD stops paying: the paired speedup of the SD server over the no-SD server (median time per output
     token, 95% CI) by request rate (left), beside vLLM's static-batch speedup by batch size (right)."""
-    title = f"where SD stops paying ({gpu})"
+    title = f"where SD stops paying ({profile})"
     if paired.empty:
         return placeholder(title, note)
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH * 1.3, 3.6), squeeze=False)
@@ -457,8 +457,8 @@ VERDICT_COLORS = {"reproduced": "tab:green", "not reproduced": "tab:red", "not m
 
 
 # -- bench study --------------------------------------------------------------------------------------------------
-@plot("our engine vs transformers ({gpu}); blue: generate, orange: assisted generation", size=(WIDTH, 3.4))
-def bench_vs_hf(ax, bn: pd.DataFrame, gpu: str):
+@plot("our engine vs transformers ({profile}); blue: generate, orange: assisted generation", size=(WIDTH, 3.4))
+def bench_vs_hf(ax, bn: pd.DataFrame, profile: str):
     """HF time / our time per cell with 95% CI; dashed line is the goal (1.0: ours at least as fast)."""
     labels = [f"bs{r.batch} k{r.k}" for r in bn.itertuples()]
     ax.bar(labels, bn["hf_over_ours"], yerr=_err(bn, "hf_over_ours"), capsize=3,
@@ -469,16 +469,16 @@ def bench_vs_hf(ax, bn: pd.DataFrame, gpu: str):
 
 
 # -- validation study -----------------------------------------------------------------------------------------------
-def validation_scatter(val: pd.DataFrame, gpu: str, note: str = "", reference: str = "measured"):
+def validation_scatter(val: pd.DataFrame, profile: str, note: str = "", reference: str = "measured"):
     """Predicted vs reference speedup per cell (measured batch-study cells, or the paper's simulator);
     the diagonal is a perfect prediction."""
     val = val.dropna(subset=["predicted"]) if len(val) else val
-    return _scatter(val, gpu, note, reference=reference)
+    return _scatter(val, profile, note, reference=reference)
 
 
-@plot("predicted vs reference speedup ({gpu})", size=(4.8, 4.4), legend=False,
+@plot("predicted vs reference speedup ({profile})", size=(4.8, 4.4), legend=False,
       empty=lambda v: "" if len(v) else "no cell could be predicted (missing acceptance traces?)")
-def _scatter(ax, val: pd.DataFrame, gpu: str, reference: str):
+def _scatter(ax, val: pd.DataFrame, profile: str, reference: str):
     sns.scatterplot(data=val, x="measured", y="predicted", hue="batch", style="proposer", palette="viridis",
                     s=60, ax=ax)
     lo = min(val["measured"].min(), val["predicted"].min()) * 0.9
@@ -487,12 +487,12 @@ def _scatter(ax, val: pd.DataFrame, gpu: str, reference: str):
     ax.axhline(1, c="k", lw=0.5)
     ax.axvline(1, c="k", lw=0.5)
     ax.set(xlabel=f"{reference} speedup", ylabel="predicted speedup",
-           title=f"predicted vs {reference} speedup ({gpu})\nMAPE {val['abs_pct_err'].mean():.1f}%")
+           title=f"predicted vs {reference} speedup ({profile})\nMAPE {val['abs_pct_err'].mean():.1f}%")
 
 
-@plot("policies ({gpu}): bars predicted, diamonds measured (where that k was measured)", size=(WIDTH, 3.6),
+@plot("policies ({profile}): bars predicted, diamonds measured (where that k was measured)", size=(WIDTH, 3.6),
       legend={"title": None})
-def validation_policy(ax, pol: pd.DataFrame, gpu: str):
+def validation_policy(ax, pol: pd.DataFrame, profile: str):
     """Speedup of SD off / fixed k / adaptive k per batch size: predicted (bars) and measured (points)."""
     order = sorted(pol["batch"].unique())
     sns.barplot(data=pol, x="batch", y="predicted", hue="policy", order=order, ax=ax, alpha=0.6)
@@ -506,7 +506,7 @@ def validation_policy(ax, pol: pd.DataFrame, gpu: str):
 
 @plot("the paper's measured speedups (H100, vLLM) vs our prediction and its simulator", size=(WIDTH, 4.0),
       legend={"ncol": 2})
-def paper_measured(ax, df: pd.DataFrame, gpu: str):
+def paper_measured(ax, df: pd.DataFrame, profile: str):
     """Speedup vs batch size per dataset x proposer: measured by the paper (solid, points), predicted by our
     model (dashed), the paper's simulator (dotted). The same for every profile: the paper's own setting."""
     for i, ((ds, prop), g) in enumerate(df.sort_values("batch").groupby(["dataset", "proposer"])):
@@ -521,12 +521,12 @@ def paper_measured(ax, df: pd.DataFrame, gpu: str):
                  f"simulator {df['abs_pct_err_simulator'].mean():.1f}%")
 
 
-def decision_map(grid: pd.DataFrame, pts: pd.DataFrame, gpu: str, note: str = ""):
+def decision_map(grid: pd.DataFrame, pts: pd.DataFrame, profile: str, note: str = ""):
     """Predicted best SD speedup over batch size (log2) x i.i.d. acceptance alpha, the break-even contour
     (speedup 1), and the measured draft-model / EAGLE cells on top, coloured on the same scale (circles: torch
     engine, squares: vLLM; triangles: EAGLE head). A point whose colour differs from the map under it is a
     cell where model and measurement disagree."""
-    title = f"decision map: where SD pays ({gpu})"
+    title = f"decision map: where SD pays ({profile})"
     if grid.empty:
         return placeholder(title, note)
     from matplotlib.colors import TwoSlopeNorm
@@ -558,7 +558,7 @@ def decision_map(grid: pd.DataFrame, pts: pd.DataFrame, gpu: str, note: str = ""
     return fig
 
 
-def claims_verdicts(df: pd.DataFrame, gpu: str):
+def claims_verdicts(df: pd.DataFrame, profile: str):
     """One line per claim: the verdict (colour) and the measured number with its 95% CI where numeric."""
     fig, ax = plt.subplots(figsize=(WIDTH * 1.8, 0.4 * len(df) + 1.0))
     y = np.arange(len(df))
@@ -573,6 +573,6 @@ def claims_verdicts(df: pd.DataFrame, gpu: str):
     ax.set_yticks(y)
     ax.set_yticklabels([])
     ax.axis("off")
-    ax.set_title(f"claims of arXiv 2601.11580 checked on profile '{gpu}'")
+    ax.set_title(f"claims of arXiv 2601.11580 checked on profile '{profile}'")
     fig.tight_layout()
     return fig

@@ -2,7 +2,7 @@
 
 Every row: goal id, what it asks (target), the value we get, whether it is met, and where the number comes
 from. Goals whose inputs are missing are reported as "not evaluated" with the reason, never as met.
-Written by notebooks/goals.ipynb to build/<gpu>/goals.csv and goals.md (`make goals`).
+Written by notebooks/goals.ipynb to build/<profile>/goals.csv and goals.md (`make goals`).
 """
 from __future__ import annotations
 
@@ -69,7 +69,9 @@ def cpu_validation() -> list[dict]:
                          val.attrs["cost_source"]),
                     _row(f"G14 {prof} {engine}", f"advise's 90% interval (costs and acceptance resampled) covers "
                                                  f"the measured speedup, held-out cells ({prof}, {engine} engine)",
-                         ">= 90% of cells", f"{cov:.0%} of {n} cells", bool(cov >= 0.9), f"data/raw/{prof}",
+                         ">= 90% of cells", f"{cov:.0%} of {n} cells (median half width "
+                                            f"{val.attrs.get('half_width', float('nan')):.0%})", bool(cov >= 0.9),
+                         f"data/raw/{prof}",
                          "uncovered: " + ", ".join(val.loc[~val["covered"].astype(bool), "run_id"].str.rsplit(
                              "-", n=1).str[0]) if "covered" in val else "")]
         rows += _try(f"G3 {prof} {engine}", f"predicted vs measured speedup ({prof}, {engine} engine)",

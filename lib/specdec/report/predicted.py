@@ -51,25 +51,25 @@ MEASURED_ONLY = {
 
 
 @lru_cache(maxsize=32)
-def inputs(gpu: str) -> tuple[str, costmodel.CostModel]:
-    """(trace collection, cost model) for predictions on `gpu`: a collection recorded on this profile if any,
+def inputs(profile: str) -> tuple[str, costmodel.CostModel]:
+    """(trace collection, cost model) for predictions on `profile`: a collection recorded on this profile if any,
     else any collection (acceptance is a property of the model pair, not of the hardware); the cost source
     is costmodel.load for the collection's pair. None available is a one-line error."""
-    hardware.load_profile(gpu)
-    names = tr.for_profile(gpu) or tr.collections()
+    hardware.load_profile(profile)
+    names = tr.for_profile(profile) or tr.collections()
     if not names:
         raise SpecdecError("no trace collection under data/traces (run `specdec import-traces`)")
     errors = []
     for name in names:
         try:
-            return name, costmodel.load(gpu, tr.source(name)["pair"])
+            return name, costmodel.load(profile, tr.source(name)["pair"])
         except SpecdecError as e:
             errors.append(str(e))
-    raise SpecdecError(f"nothing to predict on '{gpu}': {'; '.join(errors)}")
+    raise SpecdecError(f"nothing to predict on '{profile}': {'; '.join(errors)}")
 
 
-def _sets(gpu: str):
-    name, costs = inputs(gpu)
+def _sets(profile: str):
+    name, costs = inputs(profile)
     return [(tr.load(name, d, p), costs) for d in tr.datasets(name) for p in tr.PROPOSERS]
 
 
@@ -77,8 +77,8 @@ def _label(ts: tr.TraceSet) -> str:
     return f"{ts.proposer}: {ts.dataset}" + (" (held out)" if ts.held_out else "")
 
 
-def _base(gpu: str, ts: tr.TraceSet, costs) -> dict:
-    return {"profile": gpu, "engine": "predicted", "pair": ts.pair, "mode": "static", "temperature": 0.0,
+def _base(profile: str, ts: tr.TraceSet, costs) -> dict:
+    return {"profile": profile, "engine": "predicted", "pair": ts.pair, "mode": "static", "temperature": 0.0,
             "alpha": np.nan, "quant": "none", "rate": np.nan, "context": np.nan, "requests": np.nan,
             "dataset": ts.dataset, "held_out": ts.held_out, "basis": "predicted",
             "source": f"traces {ts.name}/{ts.dataset} + {costs.source} costs"}
@@ -86,10 +86,10 @@ def _base(gpu: str, ts: tr.TraceSet, costs) -> dict:
 
 # -- batch ----------------------------------------------------------------------------------------------------
 @lru_cache(maxsize=16)
-def speedup(gpu: str) -> pd.DataFrame:
+def speedup(profile: str) -> pd.DataFrame:
     """analysis.speedup's columns: trace replay under the cost source (cached: views copies it)."""
     rows = []
-    for ts, costs in _sets(gpu):
+    for ts, costs in _sets(profile):
         for b in BATCHES:
             base_lat = replay.request_latencies(ts, costs, b, 0)
             base_tp = float(np.mean(b * base_lat["tokens"] / base_lat["org_s"]))
@@ -97,7 +97,7 @@ def speedup(gpu: str) -> pd.DataFrame:
                 r = replay.speedup(ts, costs, b, k) if k else {"speedup": 1.0, "ci_lo": 1.0, "ci_hi": 1.0,
                                                               "tokens_per_step": 1.0}
                 tp = base_tp * r["speedup"]
-                rows.append({**_base(gpu, ts, costs), "batch": b, "k": k, "proposer": _label(ts) if k else "none",
+                rows.append({**_base(profile, ts, costs), "batch": b, "k": k, "proposer": _label(ts) if k else "none",
                              "n_units": len(replay.sample(ts)), "tokens_per_seq_step": r["tokens_per_step"],
                              "throughput_tok_s": tp, "tp_ci_lo": base_tp * r["ci_lo"], "tp_ci_hi": base_tp * r["ci_hi"],
                              "speedup": r["speedup"], "ci_lo": r["ci_lo"], "ci_hi": r["ci_hi"],
@@ -108,15 +108,15 @@ def speedup(gpu: str) -> pd.DataFrame:
     return pd.concat([df[df["k"] == 0].drop_duplicates("batch"), df[df["k"] > 0]], ignore_index=True)
 
 
-def draft_overhead(gpu: str) -> pd.DataFrame:
+def draft_overhead(profile: str) -> pd.DataFrame:
     """Share of step time spent proposing, from the cost model at k=3."""
     rows = []
-    for ts, costs in _sets(gpu):
+    for ts, costs in _sets(profile):
         ctx = float(np.mean([r.prompt_len + r.generated_len / 2 for r in ts.requests]))
         for b in BATCHES:
             draft, verify, other = map(float, costs.step_parts(b, K_PAPER, ctx, ts.proposer))
             tot = draft + verify + other
-            rows.append({**_base(gpu, ts, costs), "batch": b, "k": K_PAPER, "proposer": _label(ts),
+            rows.append({**_base(profile, ts, costs), "batch": b, "k": K_PAPER, "proposer": _label(ts),
                          "n_steps": np.nan, "draft_s": draft, "verify_s": verify, "other_s": other,
                          "draft_frac": draft / tot, "ci_lo": np.nan, "ci_hi": np.nan, "verify_frac": verify / tot,
                          "context": ctx})
@@ -124,50 +124,50 @@ def draft_overhead(gpu: str) -> pd.DataFrame:
 
 
 # -- acceptance -------------------------------------------------------------------------------------------------
-def _replayed(gpu: str, k: int = 6):
+def _replayed(profile: str, k: int = 6):
     """(trace set, its ReplayAcceptance up to k) for every trace set of the profile's collection."""
-    return [(ts, predict.replay_acceptance(ts, k)) for ts, _ in _sets(gpu)]
+    return [(ts, predict.replay_acceptance(ts, k)) for ts, _ in _sets(profile)]
 
 
-def position_acceptance(gpu: str) -> pd.DataFrame:
+def position_acceptance(profile: str) -> pd.DataFrame:
     """Per-position conditional acceptance: the published traces replayed at k = 6."""
     rows = []
     rng = np.random.default_rng(0)
-    for ts, acc in _replayed(gpu):
+    for ts, acc in _replayed(profile):
         k = acc.max_k
         p = acc.conditionals(k)
         boots = np.array([acc.resample(rng).conditionals(k) for _ in range(100)])
         lo, hi = np.nanpercentile(boots, [2.5, 97.5], axis=0)
         for j in range(k):
-            rows.append({"profile": gpu, "proposer": ts.proposer, "temperature": 0.0, "prompt_set": ts.dataset,
+            rows.append({"profile": profile, "proposer": ts.proposer, "temperature": 0.0, "prompt_set": ts.dataset,
                          "k": k, "batch": 1, "position": j + 1, "p_accept": p[j], "ci_lo": lo[j], "ci_hi": hi[j],
                          "tried": acc.per_k[k].tried_total[j], "basis": "traced",
                          "held_out": ts.held_out})
     return pd.DataFrame(rows)
 
 
-def request_acceptance(gpu: str) -> pd.DataFrame:
+def request_acceptance(profile: str) -> pd.DataFrame:
     """Per-request acceptance at k = 3 from the replay."""
     rows = []
-    for ts, acc in _replayed(gpu):
+    for ts, acc in _replayed(profile):
         m = acc.per_k[K_PAPER]
         a = np.divide(m.acc.sum(1), m.tried.sum(1), out=np.full(len(m.tried), np.nan), where=m.tried.sum(1) > 0)
-        rows += [{"profile": gpu, "proposer": ts.proposer, "temperature": 0.0, "prompt_set": ts.dataset,
+        rows += [{"profile": profile, "proposer": ts.proposer, "temperature": 0.0, "prompt_set": ts.dataset,
                   "k": K_PAPER, "alpha_measured": x, "basis": "traced"} for x in a]
     return pd.DataFrame(rows)
 
 
-def acceptance_summary(gpu: str) -> pd.DataFrame:
+def acceptance_summary(profile: str) -> pd.DataFrame:
     """Mean per-request acceptance per proposer and dataset (request_acceptance's rows)."""
-    req = request_acceptance(gpu)
+    req = request_acceptance(profile)
     return (req.groupby(["proposer", "temperature", "prompt_set", "k"], as_index=False)
             .agg(n_requests=("alpha_measured", "size"), alpha_measured=("alpha_measured", "mean")))
 
 
-def iid_prediction(gpu: str) -> pd.DataFrame:
+def iid_prediction(profile: str) -> pd.DataFrame:
     """Tokens per step from the traces vs the i.i.d. formula at the same pooled acceptance, k = 1..6."""
     rows = []
-    for ts, acc in _replayed(gpu):
+    for ts, acc in _replayed(profile):
         for k in range(1, acc.max_k + 1):
             m = acc.per_k[k]
             tps, pred = m.expected_tokens(k), acc.iid_expected_tokens(k)
@@ -179,16 +179,16 @@ def iid_prediction(gpu: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _mean_context(gpu: str) -> float:
+def _mean_context(profile: str) -> float:
     """Mean KV tokens per sequence of the collection's requests (prompt + half the output) [tokens]."""
-    return float(np.mean([r.prompt_len + r.generated_len / 2 for ts, _ in _sets(gpu) for r in ts.requests]))
+    return float(np.mean([r.prompt_len + r.generated_len / 2 for ts, _ in _sets(profile) for r in ts.requests]))
 
 
-def synthetic_speedup(gpu: str) -> pd.DataFrame:
+def synthetic_speedup(profile: str) -> pd.DataFrame:
     """Speedup vs i.i.d. alpha per batch size: the cost model's step times at k = 3 with the i.i.d. tokens per
     step (1 - a^(k+1)) / (1 - a), EAGLE's draft cost, mean context of the collection."""
-    _, costs = inputs(gpu)
-    ctx = _mean_context(gpu)
+    _, costs = inputs(profile)
+    ctx = _mean_context(profile)
     rows = []
     for b in (1, 8, 32, 128):
         for a in np.linspace(0.1, 1.0, 10):
@@ -199,14 +199,14 @@ def synthetic_speedup(gpu: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def break_even(gpu: str) -> pd.DataFrame:
+def break_even(profile: str) -> pd.DataFrame:
     """Break-even i.i.d. alpha per batch size at k = 3 (EAGLE's draft cost, mean context of the collection)."""
-    name, costs = inputs(gpu)
-    ctx = _mean_context(gpu)
+    name, costs = inputs(profile)
+    ctx = _mean_context(profile)
     brk = []
     for b in (1, 8, 32, 128):
         be = predict.break_even_alpha(costs, b, K_PAPER, ctx, "eagle")
-        brk.append({"profile": gpu, "pair": tr.source(name)["pair"], "batch": b, "k": K_PAPER, "proposer": "eagle",
+        brk.append({"profile": profile, "pair": tr.source(name)["pair"], "batch": b, "k": K_PAPER, "proposer": "eagle",
                     "break_even": np.nan if be is None else be, "ci_lo": np.nan, "ci_hi": np.nan,
                     "note": "" if be is not None else "no alpha breaks even", "basis": "predicted",
                     "context": ctx})
@@ -214,15 +214,15 @@ def break_even(gpu: str) -> pd.DataFrame:
 
 
 # -- hardware -------------------------------------------------------------------------------------------------
-def forward_times(gpu: str) -> pd.DataFrame:
+def forward_times(profile: str) -> pd.DataFrame:
     """The cost model's target forwards and draft steps (analysis.forward_times' columns)."""
-    name, costs = inputs(gpu)
+    name, costs = inputs(profile)
     rows = []
     for b in BATCHES:
         for q in (1, 2, 4, 8):
             for ctx in CONTEXTS:
                 t = float(costs.forward_s("target", b, q, ctx))
-                rows.append({"profile": gpu, "engine": "predicted", "pair": costs.pair, "model": "target", "batch": b,
+                rows.append({"profile": profile, "engine": "predicted", "pair": costs.pair, "model": "target", "batch": b,
                              "query": q, "context": ctx, "tokens": b * q, "n": 0, "seconds": t, "ci_lo": np.nan,
                              "ci_hi": np.nan, "tokens_per_s": b * q / t, "basis": "predicted"})
                 if q > 1:  # the proposer's whole step for k = q - 1 (a published draft cost is per step)
@@ -232,11 +232,11 @@ def forward_times(gpu: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def forward_ratio(gpu: str) -> pd.DataFrame:
+def forward_ratio(profile: str) -> pd.DataFrame:
     """EAGLE step / target verify time at the same query (forward_times' rows)."""
-    ft = forward_times(gpu)
+    ft = forward_times(profile)
     t = ft[ft["model"] == "target"].set_index(["batch", "query", "context"])["seconds"]
     d = ft[ft["model"] != "target"].set_index(["batch", "query", "context"])["seconds"]
     both = pd.concat({"draft_s": d, "target_s": t}, axis=1).dropna().reset_index()
     both["ratio"] = both["draft_s"] / both["target_s"]
-    return both.assign(profile=gpu, ci_lo=np.nan, ci_hi=np.nan, basis="predicted")
+    return both.assign(profile=profile, ci_lo=np.nan, ci_hi=np.nan, basis="predicted")

@@ -23,18 +23,18 @@ LATENCIES = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
 KEYS = ["profile", "engine", "pair", "run_id", "mode", "batch", "k", "proposer", "rate"]
 
 
-def slo(gpu: str, study: str = "serving") -> tuple[float, float]:
-    """(ttft_s, tpot_s) of the study's SLO on `gpu` (section `slo`)."""
-    s = Study.from_dict(load_study(study, gpu)).slo
+def slo(profile: str, study: str = "serving") -> tuple[float, float]:
+    """(ttft_s, tpot_s) of the study's SLO on `profile` (section `slo`)."""
+    s = Study.from_dict(load_study(study, profile)).slo
     return float(s.ttft_s), float(s.tpot_s)
 
 
-def _load(gpu: str, study: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    r = tables.load(gpu, study, "requests")
-    w = tables.load(gpu, study, "windows")
+def _load(profile: str, study: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    r = tables.load(profile, study, "requests")
+    w = tables.load(profile, study, "windows")
     r, w = r[r["mode"] == "serve"], w[w["mode"] == "serve"]
     if r.empty:
-        raise SpecdecError(f"study '{study}' on profile '{gpu}' has no serve cells")
+        raise SpecdecError(f"study '{study}' on profile '{profile}' has no serve cells")
     return r, w
 
 
@@ -43,12 +43,12 @@ def meets_slo(r: pd.DataFrame, ttft: float, tpot: float) -> pd.Series:
     return (r["error"].fillna("") == "") & (r["ttft_s"] <= ttft) & (r["tpot_s"].fillna(0.0) <= tpot)
 
 
-def latency(gpu: str, study: str = "serving") -> pd.DataFrame:
+def latency(profile: str, study: str = "serving") -> pd.DataFrame:
     """One row per (run, arm): requests, tok_s, req_s, goodput_req_s, slo_share, p50/p90/p99 of each latency
     (ttft_s_p50, ...; seconds), mean_acceptance_length (the cell arm's tokens per target step, from vLLM's
     counters; NaN for the base arm), config ("SD off" or "<proposer> k=<k>")."""
-    r, w = _load(gpu, study)
-    ttft, tpot = slo(gpu, study)
+    r, w = _load(profile, study)
+    ttft, tpot = slo(profile, study)
     rows = []
     for (run_id, arm), g in r.groupby(["run_id", "arm"], sort=False):
         win = w[(w["run_id"] == run_id) & (w["arm"] == arm)]
@@ -101,13 +101,13 @@ def _median_ratio(num: np.ndarray, den: np.ndarray, *key) -> tuple[float, np.nda
 
 
 @analysis._replicates
-def paired(gpu: str, study: str = "serving") -> pd.DataFrame:
+def paired(profile: str, study: str = "serving") -> pd.DataFrame:
     """One row per (SD run, metric): base and cell values, speedup (> 1: SD better; base / cell for latencies,
     cell / base for throughput), its 95% bootstrap CI (latencies: matched requests resampled; throughput:
     pairs of windows resampled), n (units), verdict ("SD pays" / "SD loses" when the CI excludes 1, else "within
     noise"), same_output (share of matched requests whose tokens are equal in both arms; greedy decoding);
     replicates=True keeps the bootstrap replicates of the speedup (column `replicates`)."""
-    r, w = _load(gpu, study)
+    r, w = _load(profile, study)
     rows = []
     for run_id, g in r[r["k"] > 0].groupby("run_id", sort=False):
         if set(g["arm"]) != {"cell", "base"}:
@@ -121,7 +121,7 @@ def paired(gpu: str, study: str = "serving") -> pd.DataFrame:
                 tc, sc = both["tokens_c"].to_numpy(float), both["duration_s_c"].to_numpy(float)
                 tb, sb = both["tokens_b"].to_numpy(float), both["duration_s_b"].to_numpy(float)
                 base, cell = tb.sum() / sb.sum(), tc.sum() / sc.sum()
-                wts = analysis._weights(len(both), "serve-tp", gpu, run_id)
+                wts = analysis._weights(len(both), "serve-tp", profile, run_id)
                 reps = (np.full(analysis.N_BOOT, np.nan) if wts is None
                         else ((wts @ tc) / (wts @ sc)) / ((wts @ tb) / (wts @ sb)))
                 est, n = cell / base, len(both)
@@ -130,7 +130,7 @@ def paired(gpu: str, study: str = "serving") -> pd.DataFrame:
                 ok = m[[col + "_c", col + "_b"]].dropna()
                 xb, xc = ok[col + "_b"].to_numpy(float), ok[col + "_c"].to_numpy(float)
                 base, cell = float(np.median(xb)), float(np.median(xc))
-                est, reps = _median_ratio(xb, xc, gpu, run_id, metric)
+                est, reps = _median_ratio(xb, xc, profile, run_id, metric)
                 n = len(ok)
             lo, hi = analysis.ci(reps)
             verdict = ("SD pays" if lo > 1 else "SD loses" if hi < 1 else "within noise") if np.isfinite(lo) else \
@@ -139,7 +139,7 @@ def paired(gpu: str, study: str = "serving") -> pd.DataFrame:
                          "base": base, "cell": cell, "speedup": est, "ci_lo": lo, "ci_hi": hi, "n": n,
                          "verdict": verdict, "same_output": same, "replicates": reps})
     if not rows:
-        raise SpecdecError(f"study '{study}' on profile '{gpu}' has no paired SD serve cells")
+        raise SpecdecError(f"study '{study}' on profile '{profile}' has no paired SD serve cells")
     return pd.DataFrame(rows)
 
 

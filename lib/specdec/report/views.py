@@ -1,6 +1,6 @@
 """What the notebooks show for a profile: MEASURED tables where raw runs exist, else PREDICTED ones.
 
-For a study with complete raw runs in data/raw/<gpu>/<study>/ every view returns the `analysis` table
+For a study with complete raw runs in data/raw/<profile>/<study>/ every view returns the `analysis` table
 unchanged. Otherwise, where a trace collection (data/traces, see traces.py) and a cost source for its pair on
 this profile exist (costmodel.load: published coefficients, e.g. the paper's H100 fit, else a roofline prior),
 the view returns predicted.py's table of the same name, with `basis` = "predicted" (or "traced") and `source`
@@ -36,163 +36,163 @@ class Source:
         return {"measured": "MEASURED", "predicted": "PREDICTED", "none": "NO DATA"}[self.kind] + ": " + self.text
 
 
-def measured(gpu: str, study: str) -> bool:
-    """True when data/raw/<gpu>/<study> has complete runs under the current config (or imported ones)."""
+def measured(profile: str, study: str) -> bool:
+    """True when data/raw/<profile>/<study> has complete runs under the current config (or imported ones)."""
     studies = ("batch", "hardware", "acceptance") if study in ("validation", "claims") else (study,)
-    return any(tables.has_runs(gpu, s) for s in studies)
+    return any(tables.has_runs(profile, s) for s in studies)
 
 
-def synthetic(gpu: str, study: str) -> bool:
-    """True when the study's current runs on `gpu` are of synthetic weights (meta.json `weights`), i.e. their
+def synthetic(profile: str, study: str) -> bool:
+    """True when the study's current runs on `profile` are of synthetic weights (meta.json `weights`), i.e. their
     timings are real and their acceptance replayed from traces."""
     from ..data import rawdata
-    return any(m.get("weights") == "synthetic" for _, m in rawdata.current_runs(study, gpu, warn=lambda _m: None))
+    return any(m.get("weights") == "synthetic" for _, m in rawdata.current_runs(study, profile, warn=lambda _m: None))
 
 
-def mode(gpu: str, study: str) -> Source:
-    """Whether `study` on `gpu` is shown measured, predicted, or not at all (with the reason). Raw runs of a
+def mode(profile: str, study: str) -> Source:
+    """Whether `study` on `profile` is shown measured, predicted, or not at all (with the reason). Raw runs of a
     profile without a yaml (imported or hand-made runs) count as measured."""
-    if measured(gpu, study):
-        where = f"data/raw/{gpu}/{study if study not in ('validation', 'claims') else '*'}"
-        if synthetic(gpu, study if study not in ("validation", "claims") else "batch"):
+    if measured(profile, study):
+        where = f"data/raw/{profile}/{study if study not in ('validation', 'claims') else '*'}"
+        if synthetic(profile, study if study not in ("validation", "claims") else "batch"):
             where += (" (synthetic weights of the real shapes: timings real" +
                       ("" if study == "hardware" else ", acceptance replayed from the paper's traces") + ")")
         return Source("measured", where)
     if study not in PREDICTABLE:
-        return Source("none", f"no measurements in data/raw/{gpu}/{study}, and the {study} study needs them "
+        return Source("none", f"no measurements in data/raw/{profile}/{study}, and the {study} study needs them "
                               f"(it cannot be predicted from acceptance traces and forward costs)")
     try:
-        hardware.load_profile(gpu)
-        name, costs = inputs(gpu)
+        hardware.load_profile(profile)
+        name, costs = inputs(profile)
     except SpecdecError as e:
-        return Source("none", f"no measurements in data/raw/{gpu}/{study}; {e}")
+        return Source("none", f"no measurements in data/raw/{profile}/{study}; {e}")
     return Source("predicted", f"traces data/traces/{name} + costs {costs.describe()}")
 
 
-def check(gpu: str) -> list[str]:
+def check(profile: str) -> list[str]:
     """One line per study; an unknown profile, or one where no study has anything to show, is a one-line error."""
-    if not any(measured(gpu, s) for s in ("batch", "acceptance", "hardware", "alternatives", "serving", "bench")):
-        hardware.load_profile(gpu)
-    lines = [f"{s}: {mode(gpu, s).label}" for s in ("batch", "acceptance", "hardware", "alternatives", "serving",
+    if not any(measured(profile, s) for s in ("batch", "acceptance", "hardware", "alternatives", "serving", "bench")):
+        hardware.load_profile(profile)
+    lines = [f"{s}: {mode(profile, s).label}" for s in ("batch", "acceptance", "hardware", "alternatives", "serving",
                                                      "validation", "bench", "claims")]
     if all(": NO DATA" in line for line in lines):
-        raise SpecdecError(f"profile '{gpu}' has nothing to show: no raw data in data/raw/{gpu} and no "
-                           f"prediction source ({mode(gpu, 'batch').text})")
+        raise SpecdecError(f"profile '{profile}' has nothing to show: no raw data in data/raw/{profile} and no "
+                           f"prediction source ({mode(profile, 'batch').text})")
     return lines
 
 
 # -- batch ----------------------------------------------------------------------------------------------------
-def speedup(gpu: str) -> pd.DataFrame:
-    """analysis.speedup(gpu, "batch") where measured, else predicted.speedup (same columns + basis, source)."""
-    return _pick(gpu, "batch",
-                 lambda: analysis.speedup(gpu, "batch").assign(basis="measured", source=f"data/raw/{gpu}/batch"),
-                 lambda: predicted.speedup(gpu).copy())
+def speedup(profile: str) -> pd.DataFrame:
+    """analysis.speedup(profile, "batch") where measured, else predicted.speedup (same columns + basis, source)."""
+    return _pick(profile, "batch",
+                 lambda: analysis.speedup(profile, "batch").assign(basis="measured", source=f"data/raw/{profile}/batch"),
+                 lambda: predicted.speedup(profile).copy())
 
 
-def _require_predictable(gpu: str, study: str) -> None:
-    src = mode(gpu, study)
+def _require_predictable(profile: str, study: str) -> None:
+    src = mode(profile, study)
     if src.kind == "none":
         raise SpecdecError(src.text)
 
 
-def _two(first, second, gpu: str, study: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+def _two(first, second, profile: str, study: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """(first table, second table, the first's note) of two analysis functions over the same runs."""
-    a, note = analysis.safe(first, gpu, study)
-    b, _ = analysis.safe(second, gpu, study)
+    a, note = analysis.safe(first, profile, study)
+    b, _ = analysis.safe(second, profile, study)
     return a, b, note
 
 
-def _pick(gpu: str, study: str, measured_tables, predicted_tables):
-    """The one measured-or-predicted decision of a view: measured_tables() where `study` has raw runs on `gpu`,
+def _pick(profile: str, study: str, measured_tables, predicted_tables):
+    """The one measured-or-predicted decision of a view: measured_tables() where `study` has raw runs on `profile`,
     else predicted_tables() (predicted.py) where the study can be predicted there, else the reason as a
     one-line error."""
-    if measured(gpu, study):
+    if measured(profile, study):
         return measured_tables()
-    _require_predictable(gpu, study)
+    _require_predictable(profile, study)
     return predicted_tables()
 
 
-def draft_overhead(gpu: str) -> tuple[pd.DataFrame, str]:
+def draft_overhead(profile: str) -> tuple[pd.DataFrame, str]:
     """(table, note): share of step time spent proposing; predicted from the cost model at k=3."""
-    return _pick(gpu, "batch", lambda: analysis.safe(analysis.draft_overhead, gpu, "batch"),
-                 lambda: (predicted.draft_overhead(gpu), ""))
+    return _pick(profile, "batch", lambda: analysis.safe(analysis.draft_overhead, profile, "batch"),
+                 lambda: (predicted.draft_overhead(profile), ""))
 
 
-def contention(gpu: str) -> pd.DataFrame:
-    if measured(gpu, "batch"):
-        return analysis.contention(gpu, "batch")
+def contention(profile: str) -> pd.DataFrame:
+    if measured(profile, "batch"):
+        return analysis.contention(profile, "batch")
     return pd.DataFrame({"run_id": [], "suspect": []})
 
 
-def engines(gpu: str) -> tuple[pd.DataFrame, str]:
+def engines(profile: str) -> tuple[pd.DataFrame, str]:
     """(fidelity.engines table, note): vLLM vs the torch engine on the same cells; measured only."""
     from . import fidelity
-    if not measured(gpu, "batch"):
-        return pd.DataFrame(), f"no measurements on {gpu}: engine fidelity is measured, never predicted"
-    return analysis.safe(fidelity.engines, gpu, "batch")
+    if not measured(profile, "batch"):
+        return pd.DataFrame(), f"no measurements on {profile}: engine fidelity is measured, never predicted"
+    return analysis.safe(fidelity.engines, profile, "batch")
 
 
-def vllm_steps(gpu: str) -> tuple[pd.DataFrame, str]:
+def vllm_steps(profile: str) -> tuple[pd.DataFrame, str]:
     """(fidelity.vllm_step_split table, note): where vLLM's step time goes; measured only."""
     from . import fidelity
-    if not measured(gpu, "batch"):
-        return pd.DataFrame(), f"no measurements on {gpu}"
-    return analysis.safe(fidelity.vllm_step_split, gpu, "batch")
+    if not measured(profile, "batch"):
+        return pd.DataFrame(), f"no measurements on {profile}"
+    return analysis.safe(fidelity.vllm_step_split, profile, "batch")
 
 
-def roofline(gpu: str) -> tuple[pd.DataFrame, str]:
+def roofline(profile: str) -> tuple[pd.DataFrame, str]:
     """(fidelity.roofline table, note): batch-1 cells against the read-bandwidth bound; measured only."""
     from . import fidelity
-    if not measured(gpu, "batch"):
-        return pd.DataFrame(), f"no measurements on {gpu}: the roofline compares measured cells"
-    return analysis.safe(fidelity.roofline, gpu, "batch")
+    if not measured(profile, "batch"):
+        return pd.DataFrame(), f"no measurements on {profile}: the roofline compares measured cells"
+    return analysis.safe(fidelity.roofline, profile, "batch")
 
 
 # -- acceptance -------------------------------------------------------------------------------------------------
-def position_acceptance(gpu: str) -> tuple[pd.DataFrame, str]:
+def position_acceptance(profile: str) -> tuple[pd.DataFrame, str]:
     """Per-position conditional acceptance; predicted: the published traces replayed at k = 6."""
-    return _pick(gpu, "acceptance", lambda: analysis.safe(analysis.position_acceptance, gpu, "acceptance"),
-                 lambda: (predicted.position_acceptance(gpu), ""))
+    return _pick(profile, "acceptance", lambda: analysis.safe(analysis.position_acceptance, profile, "acceptance"),
+                 lambda: (predicted.position_acceptance(profile), ""))
 
 
-def request_acceptance(gpu: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+def request_acceptance(profile: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """(per-request table, summary, note); traced: per-request acceptance at k = 3 from the replay."""
-    return _pick(gpu, "acceptance",
-                 lambda: _two(analysis.request_acceptance, analysis.acceptance_summary, gpu, "acceptance"),
-                 lambda: (predicted.request_acceptance(gpu), predicted.acceptance_summary(gpu), ""))
+    return _pick(profile, "acceptance",
+                 lambda: _two(analysis.request_acceptance, analysis.acceptance_summary, profile, "acceptance"),
+                 lambda: (predicted.request_acceptance(profile), predicted.acceptance_summary(profile), ""))
 
 
-def iid_prediction(gpu: str) -> tuple[pd.DataFrame, str]:
+def iid_prediction(profile: str) -> tuple[pd.DataFrame, str]:
     """Tokens per step from the traces vs the i.i.d. formula at the same pooled acceptance, k = 1..6."""
-    return _pick(gpu, "acceptance", lambda: analysis.safe(analysis.iid_prediction, gpu, "acceptance"),
-                 lambda: (predicted.iid_prediction(gpu), ""))
+    return _pick(profile, "acceptance", lambda: analysis.safe(analysis.iid_prediction, profile, "acceptance"),
+                 lambda: (predicted.iid_prediction(profile), ""))
 
 
-def break_even(gpu: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+def break_even(profile: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """(speedup vs i.i.d. alpha per batch size, break-even per batch size, note).
 
     Measured: the synthetic-acceptance cells. Predicted: predicted.synthetic_speedup and predicted.break_even."""
-    return _pick(gpu, "acceptance",
-                 lambda: _two(analysis.synthetic_speedup, analysis.break_even, gpu, "acceptance"),
-                 lambda: (predicted.synthetic_speedup(gpu), predicted.break_even(gpu), ""))
+    return _pick(profile, "acceptance",
+                 lambda: _two(analysis.synthetic_speedup, analysis.break_even, profile, "acceptance"),
+                 lambda: (predicted.synthetic_speedup(profile), predicted.break_even(profile), ""))
 
 
 # -- hardware -------------------------------------------------------------------------------------------------
-def forward_times(gpu: str) -> pd.DataFrame:
+def forward_times(profile: str) -> pd.DataFrame:
     """analysis.forward_times where measured; else the cost model's target forwards and draft steps."""
-    return _pick(gpu, "hardware", lambda: analysis.forward_times(gpu, "hardware").assign(basis="measured"),
-                 lambda: predicted.forward_times(gpu))
+    return _pick(profile, "hardware", lambda: analysis.forward_times(profile, "hardware").assign(basis="measured"),
+                 lambda: predicted.forward_times(profile))
 
 
-def forward_ratio(gpu: str) -> pd.DataFrame:
+def forward_ratio(profile: str) -> pd.DataFrame:
     """analysis.forward_ratio where measured; else EAGLE step / target verify time at the same query."""
-    return _pick(gpu, "hardware", lambda: analysis.forward_ratio(gpu, "hardware").assign(basis="measured"),
-                 lambda: predicted.forward_ratio(gpu))
+    return _pick(profile, "hardware", lambda: analysis.forward_ratio(profile, "hardware").assign(basis="measured"),
+                 lambda: predicted.forward_ratio(profile))
 
 
-def summary_cells(gpu: str, study: str) -> int:
+def summary_cells(profile: str, study: str) -> int:
     """Complete raw cells of a study (0 when predicted)."""
-    return len(tables.runs(gpu, study)) if tables.has_runs(gpu, study) else 0
+    return len(tables.runs(profile, study)) if tables.has_runs(profile, study) else 0
 
 
 # -- validation on the paper's own numbers ----------------------------------------------------------------------
@@ -279,12 +279,12 @@ def calibration_candidates() -> pd.DataFrame:
     return paper_calibration().candidates
 
 
-def validate_against_reference(gpu: str, held_out: bool = True) -> pd.DataFrame:
+def validate_against_reference(profile: str, held_out: bool = True) -> pd.DataFrame:
     """Our predictions vs the paper's simulator on the (held-out) datasets: `advise`'s model (per-request
     steady state, tokens per step conditioned on k by each request's replay, prefill counted; predicted)
     and the full trace replay (replayed).
     attrs: mape (steady state, %), mape_replay (%), cost_source."""
-    name, costs = inputs(gpu)
+    name, costs = inputs(profile)
     ref = reference(name)
     keep = set(tr.datasets(name, held_out=held_out)) if held_out is not None else set(tr.datasets(name))
     ref = ref[ref["dataset"].isin(keep)]
@@ -306,17 +306,17 @@ def validate_against_reference(gpu: str, held_out: bool = True) -> pd.DataFrame:
     return df
 
 
-def k_choice(gpu: str, held_out: bool = True, ks=range(1, predict.K_MAX + 1)) -> pd.DataFrame:
+def k_choice(profile: str, held_out: bool = True, ks=range(1, predict.K_MAX + 1)) -> pd.DataFrame:
     """Per dataset x proposer x batch: the k that `advise` recommends (steady-state model) and the best k of
     the trace replay (ground truth under the same costs), with the replayed speedup of each; `regret` =
     1 - speedup(recommended) / speedup(best) (goal <= 2%)."""
-    name, costs = inputs(gpu)
+    name, costs = inputs(profile)
     rows = []
     for ds in tr.datasets(name, held_out=held_out):
         for prop in tr.PROPOSERS:
             ts = tr.load(name, ds, prop)
             for b in BATCHES:
-                adv = advise.advise(ts.pair, gpu, b, traces=f"{name}/{ds}", proposer=prop, n_boot=0, prefill=True)
+                adv = advise.advise(ts.pair, profile, b, traces=f"{name}/{ds}", proposer=prop, n_boot=0, prefill=True)
                 rec = adv.best_k
                 scores = {0: 1.0, **{k: replay.speedup(ts, costs, b, k, n_boot=0)["speedup"] for k in ks}}
                 best = max(scores, key=scores.get)
@@ -327,37 +327,37 @@ def k_choice(gpu: str, held_out: bool = True, ks=range(1, predict.K_MAX + 1)) ->
     return pd.DataFrame(rows)
 
 
-def validation(gpu: str) -> tuple[pd.DataFrame, str, str]:
+def validation(profile: str) -> tuple[pd.DataFrame, str, str]:
     """(table, note, what the predictions are compared with).
 
     Measured profiles: advise.validate (held-out batch-study cells). A profile whose trace collection comes
     with the paper's simulator numbers (h100): our predictions vs those numbers on the held-out datasets.
     Other predicted profiles: nothing to validate against (empty table, the reason)."""
-    if measured(gpu, "batch"):
+    if measured(profile, "batch"):
         try:
-            return advise.validate(gpu), "", "measured"
+            return advise.validate(profile), "", "measured"
         except SpecdecError as e:
             return pd.DataFrame(), str(e), "measured"
-    src = mode(gpu, "validation")
+    src = mode(profile, "validation")
     if src.kind == "none":
         return pd.DataFrame(), src.text, "measured"
-    name, _ = inputs(gpu)
-    if tr.source(name)["profile"] != gpu or not reference_path(name).exists():
-        return pd.DataFrame(), (f"no measurement or published reference on '{gpu}' to validate against; the "
+    name, _ = inputs(profile)
+    if tr.source(name)["profile"] != profile or not reference_path(name).exists():
+        return pd.DataFrame(), (f"no measurement or published reference on '{profile}' to validate against; the "
                                 f"predictions use {src.text}"), "measured"
-    return validate_against_reference(gpu, held_out=True), "", "paper's simulator"
+    return validate_against_reference(profile, held_out=True), "", "paper's simulator"
 
 
-def policy(gpu: str, fixed_k: int = K_PAPER) -> tuple[pd.DataFrame, str]:
+def policy(profile: str, fixed_k: int = K_PAPER) -> tuple[pd.DataFrame, str]:
     """Off vs fixed k vs adaptive k per batch size. Measured profiles: advise.policy_compare. Predicted:
     for EAGLE on the held-out datasets (mean over them), `predicted` = the steady-state model of `advise`,
     `measured` = the trace replay at that k (the simulator's protocol) under the same costs."""
-    if measured(gpu, "batch"):
-        return analysis.safe(advise.policy_compare, gpu)
-    src = mode(gpu, "validation")
+    if measured(profile, "batch"):
+        return analysis.safe(advise.policy_compare, profile)
+    src = mode(profile, "validation")
     if src.kind == "none":
         return pd.DataFrame(), src.text
-    name, costs = inputs(gpu)
+    name, costs = inputs(profile)
     rows = []
     for ds in tr.datasets(name, held_out=True):
         ts = tr.load(name, ds, "eagle")
@@ -365,7 +365,7 @@ def policy(gpu: str, fixed_k: int = K_PAPER) -> tuple[pd.DataFrame, str]:
         P = float(np.mean([r.prompt_len for r in ts.requests]))
         G = float(np.mean([r.generated_len for r in ts.requests]))
         for b in BATCHES:
-            best = advise.advise(ts.pair, gpu, b, traces=f"{name}/{ds}", proposer="eagle", n_boot=0,
+            best = advise.advise(ts.pair, profile, b, traces=f"{name}/{ds}", proposer="eagle", n_boot=0,
                                   prefill=True).best_k
             for pol, k in (("off", 0), (f"fixed k={fixed_k}", fixed_k), ("adaptive", best)):
                 pred = predict.predict(costs, acc, b, k, P + G / 2, "eagle", n_boot=0, prefill=(P, G)).speedup \
@@ -379,12 +379,12 @@ def policy(gpu: str, fixed_k: int = K_PAPER) -> tuple[pd.DataFrame, str]:
     return out, ""
 
 
-def alternatives(gpu: str) -> tuple[pd.DataFrame, str]:
-    return analysis.safe(analysis.alternatives, gpu, "alternatives")
+def alternatives(profile: str) -> tuple[pd.DataFrame, str]:
+    return analysis.safe(analysis.alternatives, profile, "alternatives")
 
 
-def bench(gpu: str) -> tuple[pd.DataFrame, str]:
-    return analysis.safe(analysis.bench, gpu)
+def bench(profile: str) -> tuple[pd.DataFrame, str]:
+    return analysis.safe(analysis.bench, profile)
 
 
 # -- decision map ------------------------------------------------------------------------------------------------
@@ -403,20 +403,20 @@ def _iid_alpha(tokens_per_step: float, k: int) -> float:
     return (lo + hi) / 2
 
 
-def decision_map(gpu: str, context: float = predict.DEFAULT_CONTEXT) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+def decision_map(profile: str, context: float = predict.DEFAULT_CONTEXT) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """(map, points, note). map: predicted best SD speedup (draft model or EAGLE head, best k in 1..K_MAX) over
     batch size x i.i.d. acceptance alpha, steady state at `context` KV tokens, under the profile's cost source
     (columns batch, alpha, best_k, speedup). points: the profile's measured draft-model / EAGLE cells at k > 0
     (batch, k, alpha = the i.i.d. alpha with their measured tokens per sequence-step, speedup with CI, engine,
     trace), so where model and measurement disagree is visible. n-gram cells are left out (no draft cost)."""
     from ..data import config as cfgmod
-    if measured(gpu, "batch"):
-        pair = cfgmod.load_study("batch", gpu)["pair"] if gpu in hardware.profile_names() else None
-        costs = costmodel.load(gpu, pair) if pair else None
+    if measured(profile, "batch"):
+        pair = cfgmod.load_study("batch", profile)["pair"] if profile in hardware.profile_names() else None
+        costs = costmodel.load(profile, pair) if pair else None
     else:
-        _, costs = inputs(gpu)
+        _, costs = inputs(profile)
     if costs is None:
-        return pd.DataFrame(), pd.DataFrame(), f"no cost source for '{gpu}'"
+        return pd.DataFrame(), pd.DataFrame(), f"no cost source for '{profile}'"
     rows = []
     for b in MAP_BATCHES:
         base = costs.step_s(b, 0, context)
@@ -427,13 +427,13 @@ def decision_map(gpu: str, context: float = predict.DEFAULT_CONTEXT) -> tuple[pd
             rows.append({"batch": b, "alpha": float(a), "best_k": k, "speedup": float(sp[k])})
     grid = pd.DataFrame(rows)
     pts = pd.DataFrame()
-    if measured(gpu, "batch"):
-        sp, _ = analysis.safe(analysis.speedup, gpu, "batch")
+    if measured(profile, "batch"):
+        sp, _ = analysis.safe(analysis.speedup, profile, "batch")
         if len(sp):
             from . import fidelity
             sp = sp[(sp["k"] > 0) & sp["proposer"].isin(["draft", "eagle", "eagle3"])].copy()
             # acceptance per proposing step (both engines' counters), not diluted by finished sequences
-            sp["tokens_per_step"] = sp["run_id"].map(fidelity.tokens_per_step(gpu, "batch"))
+            sp["tokens_per_step"] = sp["run_id"].map(fidelity.tokens_per_step(profile, "batch"))
             sp["alpha"] = [_iid_alpha(t, int(k)) for t, k in zip(sp["tokens_per_step"], sp["k"])]
             keep = [c for c in ("engine", "trace", "batch", "k", "proposer", "alpha", "tokens_per_step",
                                 "speedup", "ci_lo", "ci_hi") if c in sp]

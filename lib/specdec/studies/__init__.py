@@ -1,14 +1,14 @@
-"""One module per study stem (configs/<stem>.yaml, data/raw/<gpu>/<stem>/, notebooks/<stem>.ipynb,
-figures/<gpu>/<stem>-*): each says which tables the study computes and which figures it draws from them.
+"""One module per study stem (configs/<stem>.yaml, data/raw/<profile>/<stem>/, notebooks/<stem>.ipynb,
+figures/<profile>/<stem>-*): each says which tables the study computes and which figures it draws from them.
 
-  compute(stem, gpu) -> Outputs   every table of the study (views: measured or predicted), with its note
+  compute(stem, profile) -> Outputs   every table of the study (views: measured or predicted), with its note
   draw(outputs)      -> {name: Figure}   figures from the tables alone: nothing is recomputed
-  Outputs.save() writes build/<gpu>/<name>.csv and build/<gpu>/<stem>-notes.json;
-  Outputs.load(stem, gpu) reads them back, so `specdec figures --gpu G` re-draws without recomputing.
+  Outputs.save() writes build/<profile>/<name>.csv and build/<profile>/<stem>-notes.json;
+  Outputs.load(stem, profile) reads them back, so `specdec figures --gpu G` re-draws without recomputing.
 
 A study is declared once, in its module: SOURCE (the study whose views.mode labels its figures, or None),
 TABLES, FIGURES and FILES (what its notebook writes), READS (the raw studies its notebook reads: the Makefile's
-prerequisites, checked by tests/test_studies.py), tables(gpu) -> ({name: DataFrame}, {name: note}),
+prerequisites, checked by tests/test_studies.py), tables(profile) -> ({name: DataFrame}, {name: note}),
 figures(outputs) -> {name: Figure} (report/figures.py functions on the tables only) and optionally
 files(outputs) -> {filename: text}. STEMS (the modules here) and OUTPUTS derive from them.
 """
@@ -38,8 +38,8 @@ def _outputs(stem: str) -> dict:
     return {"figures": list(mod.FIGURES), "tables": list(mod.TABLES), "files": [*mod.FILES, f"{stem}-notes.json"]}
 
 
-# What each notebook (notebooks/<stem>.ipynb) writes: figures/<gpu>/<name>.{png,pdf}, build/<gpu>/<name>.csv
-# and other build/<gpu>/ files, from the study modules' declarations.
+# What each notebook (notebooks/<stem>.ipynb) writes: figures/<profile>/<name>.{png,pdf}, build/<profile>/<name>.csv
+# and other build/<profile>/ files, from the study modules' declarations.
 OUTPUTS = {stem: _outputs(stem) for stem in STEMS}
 
 
@@ -49,7 +49,7 @@ class Outputs:
     short text a figure shows) by name."""
 
     stem: str
-    gpu: str
+    profile: str
     tables: dict = field(default_factory=dict)
     notes: dict = field(default_factory=dict)
 
@@ -60,23 +60,23 @@ class Outputs:
         return self.notes.get(name, "")
 
     def save(self) -> None:
-        """build/<gpu>/<name>.csv per table, <stem>-notes.json, and the study's text files (claims.md, ...)."""
+        """build/<profile>/<name>.csv per table, <stem>-notes.json, and the study's text files (claims.md, ...)."""
         for name, df in self.tables.items():
-            figures.save_table(df, self.gpu, name)
-        figures.save_text(json.dumps(self.notes, indent=1, sort_keys=True), self.gpu, f"{self.stem}-notes.json")
+            figures.save_table(df, self.profile, name)
+        figures.save_text(json.dumps(self.notes, indent=1, sort_keys=True), self.profile, f"{self.stem}-notes.json")
         files = getattr(module(self.stem), "files", None)
         for name, text in (files(self) if files else {}).items():
-            figures.save_text(text, self.gpu, name)
+            figures.save_text(text, self.profile, name)
 
     @classmethod
-    def load(cls, stem: str, gpu: str) -> "Outputs":
-        """The tables a previous compute().save() wrote under build/<gpu>/; a missing one is a one-line error."""
-        folder = figures.build_dir(gpu)
-        out = cls(stem, gpu)
+    def load(cls, stem: str, profile: str) -> "Outputs":
+        """The tables a previous compute().save() wrote under build/<profile>/; a missing one is a one-line error."""
+        folder = figures.build_dir(profile)
+        out = cls(stem, profile)
         for name in OUTPUTS[stem]["tables"]:
             path = folder / f"{name}.csv"
             if not path.exists():
-                raise SpecdecError(f"no saved table {path} (run `make nb-{stem} GPU={gpu}` first)")
+                raise SpecdecError(f"no saved table {path} (run `make nb-{stem} GPU={profile}` first)")
             try:
                 df = pd.read_csv(path)
                 text = df.select_dtypes(["object", "str"]).columns  # CSV cannot tell "" from missing: text stays text
@@ -88,10 +88,10 @@ class Outputs:
         return out
 
 
-def compute(stem: str, gpu: str) -> Outputs:
-    """Every table of a study on `gpu`, computed now from the processed tables (or predicted)."""
-    tabs, notes = module(stem).tables(gpu)
-    return Outputs(stem, gpu, tabs, {k: v for k, v in notes.items() if v})
+def compute(stem: str, profile: str) -> Outputs:
+    """Every table of a study on `profile`, computed now from the processed tables (or predicted)."""
+    tabs, notes = module(stem).tables(profile)
+    return Outputs(stem, profile, tabs, {k: v for k, v in notes.items() if v})
 
 
 def draw(out: Outputs) -> dict:
@@ -102,27 +102,27 @@ def draw(out: Outputs) -> dict:
     if list(figs) != want:
         raise SpecdecError(f"study {out.stem} drew {list(figs)}, its FIGURES are {want}")
     if mod.SOURCE:
-        src = views.mode(out.gpu, mod.SOURCE)
+        src = views.mode(out.profile, mod.SOURCE)
         figs = {name: figures.stamp(fig, src) for name, fig in figs.items()}
     return figs
 
 
-def save_figures(figs: dict, gpu: str, close: bool = False) -> None:
-    """figures/<gpu>/<name>.png|pdf per figure (close: free them; a notebook keeps them to show them)."""
+def save_figures(figs: dict, profile: str, close: bool = False) -> None:
+    """figures/<profile>/<name>.png|pdf per figure (close: free them; a notebook keeps them to show them)."""
     for name, fig in figs.items():
-        figures.save(fig, gpu, name)
+        figures.save(fig, profile, name)
         if close:
             figures.plt.close(fig)
 
 
-def redraw(gpu: str, stems=None, echo=print) -> list[str]:
+def redraw(profile: str, stems=None, echo=print) -> list[str]:
     """Re-draw the figures of each study from its saved tables (no measurement, no bootstrap)."""
     done = []
     for stem in stems or STEMS:
         if not OUTPUTS[stem]["figures"]:
             continue
-        figs = draw(Outputs.load(stem, gpu))
-        save_figures(figs, gpu, close=True)
-        echo(f"{stem}: {', '.join(figs)} -> {figures.figures_dir(gpu)}")
+        figs = draw(Outputs.load(stem, profile))
+        save_figures(figs, profile, close=True)
+        echo(f"{stem}: {', '.join(figs)} -> {figures.figures_dir(profile)}")
         done += list(figs)
     return done

@@ -4,18 +4,18 @@ from ..report import views
 
 SOURCE = "acceptance"
 TABLES = ("acceptance-positions", "acceptance-requests", "acceptance-summary", "acceptance-iid",
-          "acceptance-synthetic", "acceptance-breakeven")  # build/<gpu>/<name>.csv
-# figures/<gpu>/<name>.png|pdf
+          "acceptance-synthetic", "acceptance-breakeven")  # build/<profile>/<name>.csv
+# figures/<profile>/<name>.png|pdf
 FIGURES = ("acceptance-positions", "acceptance-requests", "acceptance-iid", "acceptance-breakeven")
-FILES = ()  # other build/<gpu>/ files, besides <stem>-notes.json
+FILES = ()  # other build/<profile>/ files, besides <stem>-notes.json
 READS = ("acceptance",)  # raw studies its notebook reads ("all": every profile's runs)
 
 
-def tables(gpu: str):
-    pos, pos_note = views.position_acceptance(gpu)
-    req, summ, req_note = views.request_acceptance(gpu)
-    iid, iid_note = views.iid_prediction(gpu)
-    syn, be, syn_note = views.break_even(gpu)
+def tables(profile: str):
+    pos, pos_note = views.position_acceptance(profile)
+    req, summ, req_note = views.request_acceptance(profile)
+    iid, iid_note = views.iid_prediction(profile)
+    syn, be, syn_note = views.break_even(profile)
     return ({"acceptance-positions": pos, "acceptance-requests": req, "acceptance-summary": summ,
              "acceptance-iid": iid, "acceptance-synthetic": syn, "acceptance-breakeven": be},
             {"acceptance-positions": pos_note, "acceptance-requests": req_note, "acceptance-iid": iid_note,
@@ -23,11 +23,11 @@ def tables(gpu: str):
 
 
 def figures(out):
-    gpu = out.gpu
-    return {"acceptance-positions": F.acceptance_positions(out["acceptance-positions"], gpu,
+    profile = out.profile
+    return {"acceptance-positions": F.acceptance_positions(out["acceptance-positions"], profile,
                                                            out.note("acceptance-positions")),
-            "acceptance-requests": F.acceptance_requests(out["acceptance-requests"], gpu,
+            "acceptance-requests": F.acceptance_requests(out["acceptance-requests"], profile,
                                                          out.note("acceptance-requests")),
-            "acceptance-iid": F.acceptance_iid(out["acceptance-iid"], gpu, out.note("acceptance-iid")),
+            "acceptance-iid": F.acceptance_iid(out["acceptance-iid"], profile, out.note("acceptance-iid")),
             "acceptance-breakeven": F.acceptance_breakeven(out["acceptance-synthetic"], out["acceptance-breakeven"],
-                                                           gpu, out.note("acceptance-breakeven"))}
+                                                           profile, out.note("acceptance-breakeven"))}

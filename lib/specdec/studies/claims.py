@@ -3,19 +3,19 @@ from ..report import claims as C
 from ..report import figures as F
 
 SOURCE = "claims"
-TABLES = ("claims",)  # build/<gpu>/<name>.csv
-FIGURES = ("claims-verdicts",)  # figures/<gpu>/<name>.png|pdf
-FILES = ("claims.md",)  # other build/<gpu>/ files, besides <stem>-notes.json
+TABLES = ("claims",)  # build/<profile>/<name>.csv
+FIGURES = ("claims-verdicts",)  # figures/<profile>/<name>.png|pdf
+FILES = ("claims.md",)  # other build/<profile>/ files, besides <stem>-notes.json
 # raw studies its notebook reads ("all": every profile's runs)
 READS = ("batch", "acceptance", "hardware", "alternatives", "serving", "all")
 
 
-def tables(gpu: str):
-    return {"claims": C.verdicts(gpu)}, {}
+def tables(profile: str):
+    return {"claims": C.verdicts(profile)}, {}
 
 
 def figures(out):
-    return {"claims-verdicts": F.claims_verdicts(out["claims"], out.gpu)}
+    return {"claims-verdicts": F.claims_verdicts(out["claims"], out.profile)}
 
 
 def files(out):

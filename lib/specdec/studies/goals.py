@@ -2,13 +2,13 @@
 from ..report import goals as G
 
 SOURCE = None
-TABLES = ("goals",)  # build/<gpu>/<name>.csv
-FIGURES = ()  # figures/<gpu>/<name>.png|pdf
-FILES = ("goals.md",)  # other build/<gpu>/ files, besides <stem>-notes.json
+TABLES = ("goals",)  # build/<profile>/<name>.csv
+FIGURES = ()  # figures/<profile>/<name>.png|pdf
+FILES = ("goals.md",)  # other build/<profile>/ files, besides <stem>-notes.json
 READS = ("all",)  # raw studies its notebook reads ("all": every profile's runs)
 
 
-def tables(gpu: str):
+def tables(profile: str):
     return {"goals": G.table()}, {}
 
 

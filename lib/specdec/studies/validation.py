@@ -4,19 +4,19 @@ from ..report import figures as F
 
 SOURCE = "validation"
 TABLES = ("validation-predicted-vs-measured", "validation-policy", "validation-paper-measured",
-          "validation-calibration", "validation-decision-map", "validation-decision-points")  # build/<gpu>/<name>.csv
+          "validation-calibration", "validation-decision-map", "validation-decision-points")  # build/<profile>/<name>.csv
 FIGURES = ("validation-predicted-vs-measured", "validation-policy", "validation-paper-measured",
-           "validation-decision-map")  # figures/<gpu>/<name>.png|pdf
-FILES = ()  # other build/<gpu>/ files, besides <stem>-notes.json
+           "validation-decision-map")  # figures/<profile>/<name>.png|pdf
+FILES = ()  # other build/<profile>/ files, besides <stem>-notes.json
 READS = ("batch", "hardware", "acceptance")  # raw studies its notebook reads ("all": every profile's runs)
 
 
-def tables(gpu: str):
-    val, val_note, reference = views.validation(gpu)
-    pol, pol_note = views.policy(gpu)
+def tables(profile: str):
+    val, val_note, reference = views.validation(profile)
+    pol, pol_note = views.policy(profile)
     paper, paper_note = analysis.safe(views.paper_measured)
     cal, cal_note = analysis.safe(views.calibration_candidates)
-    dmap, dpts, dnote = views.decision_map(gpu)
+    dmap, dpts, dnote = views.decision_map(profile)
     notes = {"validation-predicted-vs-measured": val_note, "validation-policy": pol_note, "reference": reference,
              "cost_source": val.attrs.get("cost_source", ""), "validation-paper-measured": paper_note or (
                  f"the paper's measured speedups (H100, vLLM 0.10.1): ours MAPE {paper.attrs['mape_predicted']:.1f}%, "
@@ -31,12 +31,12 @@ def tables(gpu: str):
 
 def figures(out):
     return {"validation-predicted-vs-measured": F.validation_scatter(
-                out["validation-predicted-vs-measured"], out.gpu, out.note("validation-predicted-vs-measured"),
+                out["validation-predicted-vs-measured"], out.profile, out.note("validation-predicted-vs-measured"),
                 out.note("reference") or "measured"),
-            "validation-policy": F.validation_policy(out["validation-policy"], out.gpu,
+            "validation-policy": F.validation_policy(out["validation-policy"], out.profile,
                                                      out.note("validation-policy")),
-            "validation-paper-measured": F.paper_measured(out["validation-paper-measured"], out.gpu,
+            "validation-paper-measured": F.paper_measured(out["validation-paper-measured"], out.profile,
                                                           out.note("validation-paper-measured")),
             "validation-decision-map": F.decision_map(out["validation-decision-map"],
-                                                      out["validation-decision-points"], out.gpu,
+                                                      out["validation-decision-points"], out.profile,
                                                       out.note("validation-decision-map"))}
