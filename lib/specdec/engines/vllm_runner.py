@@ -438,9 +438,12 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
             cell, folder, kwargs, base_kwargs = runs[i]
             cid = cfgmod.cell_id(cell)
             llms = {}
-            if base_kwargs is not None:
-                llms["base"], base_key = engines.get(base_kwargs, cid)
-                llms["cell"], _ = engines.get(kwargs, cid, keep=(base_key,))
+            if base_kwargs is not None:  # the SD engine starts first: its start needs ~3 GB more than it keeps
+                # (fp32 cpu pair: with the no-SD engine already resident, a draft-model engine's start left
+                # < 0.9 GB free of 24 GB), and in a fresh process nothing else is resident yet
+                base_key = json.dumps(base_kwargs, sort_keys=True, default=str)
+                llms["cell"], cell_key = engines.get(kwargs, cid, keep=(base_key,))
+                llms["base"], _ = engines.get(base_kwargs, cid, keep=(cell_key,))
             else:
                 llms["cell"], _ = engines.get(kwargs, cid,
                                               keep=tuple(k for k in engines.alive if '"speculative_config"' not in k))
