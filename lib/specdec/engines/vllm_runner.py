@@ -370,6 +370,11 @@ def check_model_folders(kwargs: dict) -> None:
             raise SpecdecError(f"model folder {path} has no config.json; vLLM cannot load it (run `make models`)")
 
 
+def _lookup(kwargs: dict) -> bool:
+    """Whether these LLM arguments build an n-gram (prompt lookup) engine."""
+    return (kwargs.get("speculative_config") or {}).get("method") == "ngram"
+
+
 class Engines:
     """The vLLM engines of one measure run, at most two alive: the base engine (no speculation, kept for the
     whole run under pairing) and the engine of the current configuration. Keys are their LLM kwargs."""
@@ -438,9 +443,12 @@ def measure(study: str, profile_name: str, limit: int | None = None, dry_run: bo
             cell, folder, kwargs, base_kwargs = runs[i]
             cid = cfgmod.cell_id(cell)
             llms = {}
-            if base_kwargs is not None:  # the SD engine starts first: its start needs ~3 GB more than it keeps
-                # (fp32 cpu pair: with the no-SD engine already resident, a draft-model engine's start left
-                # < 0.9 GB free of 24 GB), and in a fresh process nothing else is resident yet
+            if base_kwargs is not None and _lookup(kwargs):  # an n-gram engine starts last (ONE_ENGINE_...)
+                llms["base"], base_key = engines.get(base_kwargs, cid)
+                llms["cell"], _ = engines.get(kwargs, cid, keep=(base_key,))
+            elif base_kwargs is not None:  # a draft-model engine starts first: its start needs ~3 GB more than
+                # it keeps (fp32 cpu pair: with the no-SD engine already resident, its start left < 0.9 GB free of
+                # 24 GB), and in a fresh process nothing else is resident yet
                 base_key = json.dumps(base_kwargs, sort_keys=True, default=str)
                 llms["cell"], cell_key = engines.get(kwargs, cid, keep=(base_key,))
                 llms["base"], _ = engines.get(base_kwargs, cid, keep=(cell_key,))
