@@ -197,7 +197,9 @@ class CostModel:
     provenance: str = ""  # where published coefficients come from
     prefill_scale: float = 1.0  # a prefill costs this times a forward of its tokens (end-to-end calibration)
     # cross-validated structural error (fit_steps): rms log error of the no-SD/SD step-time ratio of calibration
-    # cells each left out of the fit, and how many cells; 0 cells = not estimated (intervals are bootstrap only)
+    # cells each left out of the fit, and how many cells (0: not estimated). A diagnostic, not in the intervals:
+    # with 1-4 calibration cells, leaving one out leaves the fit extrapolating (e.g. no bs-16 draft cell), and the
+    # error it measures (71% on cpu, 122% on cpu-bf16, 2026-12-05) would make every interval uninformative
     cv_log_err: float = 0.0
     cv_n: int = 0
 
@@ -264,14 +266,6 @@ class CostModel:
             return f"FITTED coefficients for {self.pair} on {self.profile} (fit residuals not available)"
         return (f"FITTED on data/raw/{self.profile}/hardware (rel. rmse target {res['target']['rel_rmse']:.1%} "
                 f"over {res['target']['n']} points, draft {res['draft']['rel_rmse']:.1%})")
-
-    def structural_draw(self, rng: np.random.Generator) -> float:
-        """A multiplicative error on a predicted speedup for one replicate: exp(cv_log_err * t), t drawn from a
-        Student t with cv_n degrees of freedom (the error's scale is itself estimated from cv_n cells); 1.0,
-        drawing nothing from rng, where no structural error was estimated."""
-        if self.cv_n < 1:
-            return 1.0
-        return float(np.exp(self.cv_log_err * rng.standard_t(self.cv_n)))
 
     def resample(self, rng: np.random.Generator) -> "CostModel":
         """One bootstrap replicate: refit on fitted values times resampled (1 + relative residuals), or

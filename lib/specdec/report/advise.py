@@ -227,7 +227,7 @@ def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int
     measured, abs_pct_err [%], and predicted/measured steps per batch and seconds per step;
     df.attrs["mape"] = mean abs_pct_err [%], df.attrs["cost_source"] = how the costs were obtained. With
     n_boot > 0 also pred_lo/pred_hi (the `level` interval of the prediction: costs and acceptance resampled
-    jointly and the costs' cross-validated structural error drawn, as advise's interval) and covered, and
+    jointly, as advise's interval) and covered, and
     df.attrs["coverage"] (fraction of cells covered) and df.attrs["half_width"] (median half width of the interval
     as a fraction of the prediction: a wide enough interval covers anything)."""
     batches = tables.load(profile, "batch", "batches")
@@ -278,15 +278,13 @@ def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int
             row.update(predicted_steps=steps, extrapolated=ext,
                        predicted=need * row["predicted_base_step_s"] / (steps * row["predicted_step_s"]),
                        predicted_steady=float(speedup(costs, acc, bs, k, ctx, c["proposer"], ext)))
-            if n_boot:  # the interval advise would give: costs and acceptance resampled jointly, times the
-                # costs' cross-validated structural error (fit_steps)
+            if n_boot:  # the interval advise would give: costs and acceptance resampled jointly
                 rng = np.random.default_rng([seed, bs, k])
                 reps = []
                 for i in range(n_boot):
                     cb, ab = costs.resample(rng), acc.resample(rng)
                     sb = static_steps(ab, k, bs, need, max(n_sim // 10, 50), seed + i, ext, per_request)
-                    reps.append(need * cb.step_s(bs, 0, ctx) / (sb * cb.step_s(bs, k, ctx, c["proposer"]))
-                                * costs.structural_draw(rng))
+                    reps.append(need * cb.step_s(bs, 0, ctx) / (sb * cb.step_s(bs, k, ctx, c["proposer"])))
                 tail = (1 - level) / 2 * 100
                 row["pred_lo"], row["pred_hi"] = (float(x) for x in np.percentile(reps, [tail, 100 - tail]))
         rows.append(row)
