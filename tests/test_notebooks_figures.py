@@ -28,7 +28,7 @@ def test_notebook_conventions(stem):
     code = [c for c in nb.cells if c.cell_type == "code"]
     first = code[0]
     assert "parameters" in first.metadata.get("tags", [])
-    assert first.source.strip() == 'import os\ngpu = os.environ.get("SPECDEC_GPU", "cpu")'
+    assert first.source.strip() == 'import os\nprofile = os.environ.get("SPECDEC_GPU", "cpu")'
     assert any(c.cell_type == "markdown" for c in nb.cells), "a markdown cell explains the study"
     assert any(c.source.startswith(CHECK) for c in code), "at least one checked headline cell"
     for c in code:

@@ -481,11 +481,16 @@ def test_measure_keeps_the_base_engine_for_paired_cells(fake_gpu, monkeypatch):
     assert FakeLLM.instances[1].closed and all(llm.closed for llm in FakeLLM.instances)
     bat = rawdata.load("batch", "h100", "batches", warn=lambda *_: None)
     assert set(bat[bat["k"] > 0]["arm"]) == {"cell", "base"} and set(bat[bat["k"] == 0]["arm"]) == {"cell"}
-    # a paired SD cell in a process where nothing runs yet starts its SD engine first (its start needs more
-    # memory than the no-SD engine's; with both fp32 engines the cpu profile sits at its memory edge)
+    # the SD engine starts last, also in a fresh process: a later engine would unregister its counters
     FakeLLM.instances = []
     vr.measure("batch", "h100", only="bs2-k1-draft-t0", echo=lambda *_: None)
-    assert [("speculative_config" in llm.kwargs) for llm in FakeLLM.instances] == [True, False]
+    assert [("speculative_config" in llm.kwargs) for llm in FakeLLM.instances] == [False, True]
+    # counters that read no drafts for a draft-model cell (lost) fail the cell: nothing is written
+    zero = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "num_accepted_tokens_per_pos": []}
+    monkeypatch.setattr(vr, "spec_counters", lambda metrics: dict(zero))
+    with pytest.raises(SpecdecError, match="counted no drafts for SD cell bs4-k1-draft-t0"):
+        vr.measure("batch", "h100", only="bs4-k1-draft-t0", echo=lambda *_: None)
+    assert not list(fake_gpu.glob("h100/batch/bs4-k1-draft-t0-*/meta.json"))
 
 
 def test_a_model_folder_without_config_is_one_line(tmp_path):

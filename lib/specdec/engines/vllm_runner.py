@@ -409,11 +409,6 @@ def _measure_in_children(study: str, profile: str, groups: list, counts: dict, e
     return counts
 
 
-def _lookup(kwargs: dict) -> bool:
-    """Whether these LLM arguments build an n-gram (prompt lookup) engine."""
-    return (kwargs.get("speculative_config") or {}).get("method") == "ngram"
-
-
 class Engines:
     """The vLLM engines of one measure run, at most two alive: the base engine (no speculation, kept for the
     whole run under pairing) and the engine of the current configuration. Keys are their LLM kwargs."""
@@ -482,15 +477,11 @@ def measure(study: str, profile: str, limit: int | None = None, dry_run: bool = 
             cell, folder, kwargs, base_kwargs = runs[i]
             cid = cfgmod.cell_id(cell)
             llms = {}
-            if base_kwargs is not None and _lookup(kwargs):  # an n-gram engine starts last (ONE_ENGINE_...)
+            if base_kwargs is not None:  # the SD engine starts last: an engine started later unregisters the
+                # earlier one's Prometheus collectors, so its spec-decode counters would read 0 (bs1 k2/k4/k5/k6
+                # draft cells, 2026-12-05), and no engine can start after an n-gram one (ONE_ENGINE_PER_PROCESS)
                 llms["base"], base_key = engines.get(base_kwargs, cid)
                 llms["cell"], _ = engines.get(kwargs, cid, keep=(base_key,))
-            elif base_kwargs is not None:  # a draft-model engine starts first: its start needs ~3 GB more than
-                # it keeps (fp32 cpu pair: with the no-SD engine already resident, its start left < 0.9 GB free of
-                # 24 GB), and in a fresh process nothing else is resident yet
-                base_key = json.dumps(base_kwargs, sort_keys=True, default=str)
-                llms["cell"], cell_key = engines.get(kwargs, cid, keep=(base_key,))
-                llms["base"], _ = engines.get(base_kwargs, cid, keep=(cell_key,))
             else:
                 llms["cell"], _ = engines.get(kwargs, cid,
                                               keep=tuple(k for k in engines.alive if '"speculative_config"' not in k))
@@ -498,6 +489,10 @@ def measure(study: str, profile: str, limit: int | None = None, dry_run: bool = 
             load0 = os.getloadavg()
             before = probe.read_gbs()
             reqs, batches, acceptance = run_static(llms, SamplingParams, cfg, cell, plist)
+            if (kwargs.get("speculative_config") or {}).get("method") not in (None, "ngram") \
+                    and not acceptance.get("num_drafts"):
+                raise SpecdecError(f"vLLM counted no drafts for SD cell {cid}: its spec-decode counters were lost "
+                                   f"(an engine started after the SD engine unregisters them); nothing is written")
             after = probe.read_gbs()
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "acceptance.json").write_text(json.dumps(acceptance, indent=2, sort_keys=True))
