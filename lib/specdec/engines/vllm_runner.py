@@ -461,20 +461,18 @@ def measure(study: str, profile: str, limit: int | None = None, dry_run: bool = 
     st = Study.from_dict(cfg)
     widest = max(c["batch"] for c, _, _ in pending)
     runs = []
-    for cell, folder, _ in pending:
+    for cell, folder, _ in (item for group in groups for item in group):  # cells sharing an engine run together
         kw = llm_kwargs(cfg, cell, resolve=True, max_num_seqs=widest)
         base = (llm_kwargs(cfg, {**cell, "k": 0, "proposer": "none"}, resolve=True, max_num_seqs=widest)
                 if pairing.is_paired(st, Cell.from_dict(cell)) else None)
         runs.append((cell, folder, kw, base))
-    order = range(len(runs))
     plist = _tokenized_prompts(cfg)
     versions = rawdata.versions()
     versions.setdefault("vllm", getattr(sys.modules.get("vllm"), "__version__", "unknown"))
     rawdata.git_state()  # read now, before the first cell: the code this process imported
     engines = Engines(LLM)
     try:
-        for i in tqdm(order, desc=f"{study}/{profile}/vllm", unit="cell"):
-            cell, folder, kwargs, base_kwargs = runs[i]
+        for cell, folder, kwargs, base_kwargs in tqdm(runs, desc=f"{study}/{profile}/vllm", unit="cell"):
             cid = cfgmod.cell_id(cell)
             llms = {}
             if base_kwargs is not None:  # the SD engine starts last: an engine started later unregisters the
