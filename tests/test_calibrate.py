@@ -147,3 +147,26 @@ def test_cross_validated_structural_error_recovers_a_planted_one(monkeypatch):
         else:
             assert costs.cv_log_err >= np.log(1.3) / np.sqrt(6) and "6 left-out" in costs.describe()
     assert costmodel.fit_steps("cpu", cal, cross_validate=False).cv_n == 0
+
+
+def test_vllm_decode_steps_and_step_split_from_its_per_call_figures():
+    """vLLM writes no steps table: decode steps per call come from its engine steps less the paired no-SD call's
+    prefill steps, and the SD step splits in the call's draft/verify proportions (numbers of a real bs-1 k=2 pair)."""
+    b = pd.DataFrame([
+        {"run_id": "r", "repeat": 0, "batch_idx": 0, "arm": "cell", "k": 2, "proposer": "draft", "batch": 1,
+         "size": 1, "decode_s": 8.33, "steps": np.nan, "decode_tokens": 63, "step_s": 10.96, "verify_s": 5.97,
+         "draft_s": 4.28, "pair": "p", "other_s": 0.71, "engine_steps": 27},
+        {"run_id": "r", "repeat": 0, "batch_idx": 0, "arm": "base", "k": 2, "proposer": "draft", "batch": 1,
+         "size": 1, "decode_s": 14.11, "steps": np.nan, "decode_tokens": 63, "step_s": 15.96, "verify_s": 14.06,
+         "draft_s": 0.0, "pair": "p", "other_s": 1.90, "engine_steps": 64},
+        {"run_id": "u", "repeat": 0, "batch_idx": 0, "arm": "cell", "k": 3, "proposer": "draft", "batch": 1,
+         "size": 1, "decode_s": 8.0, "steps": np.nan, "decode_tokens": 63, "step_s": 9.0, "verify_s": 5.0,
+         "draft_s": 4.0, "pair": "p", "other_s": 0.0, "engine_steps": 20}])
+    out = costmodel.decode_steps(b)
+    assert list(out["steps"][:2]) == [26, 63] and np.isnan(out["steps"][2])  # the unpaired call: no prefill count
+    assert b["steps"].isna().all()  # the input is not changed
+    rows = costmodel.vllm_step_rows(out)
+    assert list(rows["run_id"]) == ["r"] and list(rows["pair"]) == ["p"]
+    r = rows.iloc[0]
+    assert r["draft_s"] + r["verify_s"] + r["other_s"] == pytest.approx(8.33 / 26)
+    assert r["draft_s"] / (r["draft_s"] + r["verify_s"]) == pytest.approx(4.28 / 10.96)

@@ -16,6 +16,7 @@ import yaml
 
 from specdec import paths
 from specdec.data import traces
+from specdec.data.spec import Study
 
 PROFILE = "ci-device"
 SHRINK = {"batch": lambda v: [b for b in v if b <= 2] or v[:1], "context": lambda v: [16],
@@ -118,7 +119,7 @@ def test_replayed_cells_accept_what_the_trace_says(device_run, tmp_path):
         which = "ngram" if m["cell"]["proposer"] == "ngram" else "eagle"
         by_id = {r.id: r.acc_len for r in traces.load("llama3.1-8b-h100", m["cell"]["trace"], which).requests}
         plist = [p for p in __import__("specdec.engines.harness", fromlist=["x"]).trace_prompts(
-            m["config"], 512, m["cell"]["trace"])]
+            Study.from_dict(m["config"]), 512, m["cell"]["trace"])]
         for (rep, bi), g in steps.groupby(["repeat", "batch_idx"]):
             rq = reqs[(reqs["repeat"] == rep) & (reqs["batch_idx"] == bi)].sort_values("rid")
             for i, (_, r) in enumerate(rq.iterrows()):

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from specdec.data import config
+from specdec.data.spec import Study
 from specdec.engines import ngram
 from specdec.engines import vllm_runner as vr
 from specdec.errors import SpecdecError
@@ -79,4 +80,4 @@ def test_bad_rule_is_a_config_error():
 def test_vllm_refuses_the_legacy_rule():
     cfg = config.load_study("batch", "cpu-bf16")
     with pytest.raises(SpecdecError, match="earliest"):
-        vr.speculative_config(cfg, {"k": 3, "proposer": "ngram"})
+        vr.speculative_config(Study.from_dict(cfg), {"k": 3, "proposer": "ngram"})

@@ -112,3 +112,22 @@ def test_current_hash_follows_the_root(tmp_path, monkeypatch):
     assert second == config.config_hash(config.load_study("batch", "fixture"), "torch")
     (tmp_path / "configs" / "batch.yaml").write_text(text.replace("seed: 1", "seed: 22", 1))
     assert rawdata._current_hash("batch", "fixture", "torch") != second  # edited in place: re-read
+
+
+def test_a_study_without_a_vllm_section_takes_the_profiles_for_vllm_only():
+    """configs/hardware/cpu.yaml's `vllm:` settings reach vLLM's view (config, hash) of a study that has none (the
+    cpu acceptance study); the torch hash, and every study with its own section (batch, serving), are unchanged."""
+    acc = config.load_study("acceptance", "cpu")
+    assert "vllm" not in acc
+    view = config.engine_view(acc, "vllm")
+    assert view["vllm"]["kv_cache_memory_bytes"] == 536870912 and config.engine_view(acc, "torch") is acc
+    assert config.config_hash(acc, "vllm") == config.config_hash(view, "vllm") != config.config_hash(
+        dict(acc, vllm={}), "vllm")
+    assert config.config_hash(acc, "torch") == config.config_hash(acc)
+    for study in ("batch", "serving"):
+        cfg = config.load_study(study, "cpu")
+        assert config.engine_view(cfg, "vllm") is cfg
+    # the shipped torch acceptance runs on cpu stay current
+    rawdata._HASHES.clear()
+    runs = rawdata.current_runs("acceptance", "cpu", warn=lambda *_: None)
+    assert runs and all(m["config_sha256"] == config.config_hash(acc, "torch") for _, m in runs)

@@ -76,3 +76,24 @@ def test_the_makefile_check_sees_a_missing_prerequisite(monkeypatch):
                                                      "$(BUILD)/notebooks/serving.ipynb: ")
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: text)
     assert _makefile_reads()["serving"] == {"batch"}
+
+
+def test_a_study_is_measured_or_predicted_by_its_declared_sources():
+    """studies.mode reads each study's SOURCE: derived studies (validation, claims) follow their raw studies, a
+    study whose raw study cannot be predicted (alternatives) is NO DATA where unmeasured; SOURCEs name raw studies."""
+    from specdec import paths
+    from specdec.report import predicted
+    raw = {p.stem for p in paths.configs().glob("*.yaml")}
+    for stem in studies.STEMS:
+        assert set(studies.sources(stem)) <= raw, stem
+    assert set(predicted.STUDIES) <= raw
+    assert studies.sources("validation") == ("batch", "hardware", "acceptance") and studies.sources("goals") == ()
+    assert studies.mode("validation", "h100").kind == "predicted"
+    assert studies.mode("claims", "cpu").kind == "measured" and studies.mode("claims", "cpu").text == "data/raw/cpu/*"
+    assert studies.mode("alternatives", "h100").kind == "none"
+    assert studies.mode("serving", "h100").kind == "none"
+    lines = studies.check("h100")
+    assert [line.split(":")[0] for line in lines] == [s for s in studies.STEMS if studies.sources(s)]
+    assert "validation: PREDICTED" in "\n".join(lines) and "bench: NO DATA" in "\n".join(lines)
+    with pytest.raises(SpecdecError, match="nosuchgpu"):
+        studies.check("nosuchgpu")

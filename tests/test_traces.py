@@ -8,6 +8,7 @@ import pytest
 
 from specdec import cli
 from specdec.data import traces as tr
+from specdec.data.spec import Study
 from specdec.engines.vllm_runner import check_speculative_config
 from specdec.errors import SpecdecError
 from specdec.model import acceptance, costmodel, predict, replay
@@ -276,7 +277,7 @@ def test_every_hub_draft_model_pair_shares_its_vocabulary():
     for name, spec in models.PAIRS.items():
         if spec.hub_draft and "eagle" not in spec.hub_draft.lower():
             assert spec.vocab and spec.vocab[0] == spec.vocab[1], name
-            check_speculative_config(speculative_config({"pair": name, "generation": {}}, {"k": 3, "proposer": "draft"}))
+            check_speculative_config(speculative_config(Study(name), {"k": 3, "proposer": "draft"}))
     with pytest.raises(SpecdecError, match="was removed: .*152064"):
         models.pair_spec("qwen2.5-7b/0.5b")
 

@@ -17,8 +17,11 @@ import pytest
 
 from specdec import cli
 from specdec.data import config, hardware, models, rawdata
+from specdec.data.spec import Study
 from specdec.engines import vllm_runner as vr
 from specdec.errors import SpecdecError
+
+S = Study.from_dict  # the engine helpers take the parsed config
 
 
 def cell(**kw):
@@ -35,13 +38,13 @@ def cfg():
 # ------------------------------------------------------------------ config translation
 
 def test_draft_cell_becomes_draft_model_speculation(cfg):
-    kw = vr.llm_kwargs(cfg, cell(batch=8, k=3))
+    kw = vr.llm_kwargs(S(cfg), cell(batch=8, k=3))
     # the pair has local folders (converted GGUFs): named, not converted, until a run resolves them
     assert kw["model"] == "local:qwen2.5-coder-1.5b-instruct-q4_k_m"
     assert kw["speculative_config"] == {"method": "draft_model", "model": "local:qwen2.5-coder-0.5b-instruct-awq-q5",
                                         "num_speculative_tokens": 3}
     assert kw["max_num_seqs"] == 8
-    assert vr.llm_kwargs(cfg, cell(batch=8, k=3), max_num_seqs=64)["max_num_seqs"] == 64
+    assert vr.llm_kwargs(S(cfg), cell(batch=8, k=3), max_num_seqs=64)["max_num_seqs"] == 64
     assert kw["skip_tokenizer_init"] is True  # prompts go in as token ids
     assert kw["seed"] == cfg["seed"] == 0
     assert kw["disable_log_stats"] is False  # else get_metrics() has no spec-decode counters
@@ -52,25 +55,25 @@ def test_draft_cell_becomes_draft_model_speculation(cfg):
 
 def test_ngram_cell_uses_generation_lookup_window(cfg):
     cfg["generation"].update(ngram_max=4, ngram_min=2)
-    spec = vr.llm_kwargs(cfg, cell(proposer="ngram", k=5))["speculative_config"]
+    spec = vr.llm_kwargs(S(cfg), cell(proposer="ngram", k=5))["speculative_config"]
     assert spec == {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 
 
 def test_ngram_defaults_match_the_torch_engine(cfg):
-    spec = vr.speculative_config(cfg, cell(proposer="ngram", k=2))
+    spec = vr.speculative_config(S(cfg), cell(proposer="ngram", k=2))
     assert (spec["prompt_lookup_max"], spec["prompt_lookup_min"]) == (3, 1)
 
 
 @pytest.mark.parametrize("c", [cell(k=0, proposer="none"), cell(k=0), cell(k=4, proposer="none")])
 def test_no_speculation_has_no_speculative_config(cfg, c):
-    kw = vr.llm_kwargs(cfg, c)
+    kw = vr.llm_kwargs(S(cfg), c)
     assert "speculative_config" not in kw
-    assert vr.speculative_config(cfg, c) is None
+    assert vr.speculative_config(S(cfg), c) is None
 
 
 def test_eagle_uses_the_pairs_eagle_head(cfg):
     cfg["pair"] = "llama3.1-8b/eagle"
-    kw = vr.llm_kwargs(cfg, cell(proposer="eagle", k=4))
+    kw = vr.llm_kwargs(S(cfg), cell(proposer="eagle", k=4))
     assert kw["model"] == "meta-llama/Llama-3.1-8B-Instruct"
     assert kw["speculative_config"] == {"method": "eagle", "model": "yuhuili/EAGLE-LLaMA3.1-Instruct-8B",
                                         "num_speculative_tokens": 4}
@@ -83,48 +86,48 @@ def test_eagle3_needs_an_eagle3_head(cfg, monkeypatch):
                            hub_draft="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")
     monkeypatch.setitem(models.PAIRS, "x/eagle3", spec)
     cfg["pair"] = "x/eagle3"
-    assert vr.speculative_config(cfg, cell(proposer="eagle3", k=2)) == {
+    assert vr.speculative_config(S(cfg), cell(proposer="eagle3", k=2)) == {
         "method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "num_speculative_tokens": 2}
     with pytest.raises(SpecdecError, match="EAGLE head"):
-        vr.speculative_config(cfg, cell(proposer="draft", k=2))
+        vr.speculative_config(S(cfg), cell(proposer="draft", k=2))
 
 
 def test_fp8_quantizes_target_and_draft(cfg):
-    kw = vr.llm_kwargs(cfg, cell(quant="fp8"))
+    kw = vr.llm_kwargs(S(cfg), cell(quant="fp8"))
     assert kw["quantization"] == "fp8"
     assert kw["speculative_config"]["quantization"] == "fp8"
-    assert "quantization" not in vr.llm_kwargs(cfg, cell(quant="fp8", proposer="ngram"))["speculative_config"]
+    assert "quantization" not in vr.llm_kwargs(S(cfg), cell(quant="fp8", proposer="ngram"))["speculative_config"]
 
 
 def test_vllm_section_of_the_config_is_merged_last(cfg):
     cfg["vllm"] = {"gpu_memory_utilization": 0.5, "dtype": "bfloat16"}
-    kw = vr.llm_kwargs(cfg, cell())
+    kw = vr.llm_kwargs(S(cfg), cell())
     assert (kw["gpu_memory_utilization"], kw["dtype"]) == (0.5, "bfloat16")
 
 
 def test_local_pairs_resolve_to_saved_folders(cfg, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     cfg["pair"] = "tiny-vllm"
-    kw = vr.llm_kwargs(cfg, cell(), resolve=True)
+    kw = vr.llm_kwargs(S(cfg), cell(), resolve=True)
     for path in (kw["model"], kw["speculative_config"]["model"]):
         assert path.startswith(str(tmp_path)) and (tmp_path / path / "config.json").exists()
 
 
 def test_env_of_the_config_is_not_an_llm_argument(cfg):
     cfg["vllm"] = {"enforce_eager": True, "env": {"VLLM_ENABLE_V1_MULTIPROCESSING": 0}}
-    kw = vr.llm_kwargs(cfg, cell())
+    kw = vr.llm_kwargs(S(cfg), cell())
     assert kw["enforce_eager"] is True and "env" not in kw
-    assert vr.engine_env(cfg) == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    assert vr.engine_env(S(cfg)) == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     cfg["vllm"] = {"env": ["x"]}
     with pytest.raises(SpecdecError, match="vllm.env must be a mapping"):
-        vr.engine_env(cfg)
+        vr.engine_env(S(cfg))
 
 
 def test_sampling_kwargs(cfg):
-    assert vr.sampling_kwargs(cfg, cell(temperature=1)) == {"temperature": 1.0, "max_tokens": 64, "ignore_eos": True,
+    assert vr.sampling_kwargs(S(cfg), cell(temperature=1)) == {"temperature": 1.0, "max_tokens": 64, "ignore_eos": True,
                                                             "detokenize": False}
     cfg["generation"]["ignore_eos"] = False
-    assert vr.sampling_kwargs(cfg, cell(), max_tokens=4) == {"temperature": 0.0, "max_tokens": 4, "ignore_eos": False,
+    assert vr.sampling_kwargs(S(cfg), cell(), max_tokens=4) == {"temperature": 0.0, "max_tokens": 4, "ignore_eos": False,
                                                             "detokenize": False}
 
 
@@ -142,7 +145,7 @@ def test_unsupported_cells_are_one_line_errors(cfg, pair, c, msg):
     if pair:
         cfg["pair"] = pair
     with pytest.raises(SpecdecError) as err:
-        vr.llm_kwargs(cfg, c)
+        vr.llm_kwargs(S(cfg), c)
     assert msg in str(err.value)
     assert "\n" not in str(err.value)
 
@@ -305,7 +308,7 @@ def test_run_static_rows_and_acceptance(cfg):
     llm = FakeLLM(speculative_config={"method": "ngram"})
     cfg["prompts"]["min_requests"] = 5
     cfg["timing"].update(repeats=2, warmup_steps=4)
-    reqs, batches, acc = vr.run_static({"cell": llm}, FakeParams, cfg, cell(batch=2), PLIST)
+    reqs, batches, acc = vr.run_static({"cell": llm}, FakeParams, S(cfg), cell(batch=2), PLIST)
     assert llm.calls[0] == (2, 4)  # warm-up: one batch, warmup_steps tokens
     # 5 requests at batch 2 round up to 3 whole batches (a partial batch would not be batch size 2)
     assert llm.calls[1:] == [(2, 64), (2, 64), (2, 64)] * 2
@@ -447,7 +450,7 @@ class StampedLLM(FakeLLM):
 
 def test_vllm_decode_seconds_exclude_the_prefill_like_the_torch_engine(cfg):
     cfg["prompts"]["min_requests"] = 2
-    _, batches, _ = vr.run_static({"cell": StampedLLM()}, FakeParams, cfg, cell(batch=2), PLIST)
+    _, batches, _ = vr.run_static({"cell": StampedLLM()}, FakeParams, S(cfg), cell(batch=2), PLIST)
     b = batches[0]
     assert b["prefill_s"] == pytest.approx(0.02, abs=0.005)
     assert b["decode_s"] == pytest.approx(b["call_s"] - b["prefill_s"])
@@ -457,7 +460,7 @@ def test_paired_cells_alternate_arms_on_two_engines(cfg):
     cfg["prompts"]["min_requests"] = 4
     cfg["timing"].update(repeats=2, paired=True)
     sd, base = FakeLLM(speculative_config={"method": "ngram"}), FakeLLM()
-    reqs, batches, acc = vr.run_static({"base": base, "cell": sd}, FakeParams, cfg, cell(batch=2), PLIST)
+    reqs, batches, acc = vr.run_static({"base": base, "cell": sd}, FakeParams, S(cfg), cell(batch=2), PLIST)
     assert [b["arm"] for b in batches] == ["cell", "base", "base", "cell"] * 2  # A B, B A, ...
     assert [b["pair"] for b in batches] == [0, 0, 1, 1, 2, 2, 3, 3]
     assert len(sd.calls) == len(base.calls) == 5  # a warm-up each, then one call per pair

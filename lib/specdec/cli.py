@@ -147,8 +147,8 @@ def figures_cmd(gpu: str = typer.Option(..., help="hardware profile"),
 @app.command()
 def sources(gpu: str = typer.Option(..., help="hardware profile")):
     """Say, study by study, whether GPU's figures are measured, predicted, or impossible; exit 2 if none."""
-    from .report import views
-    for line in views.check(gpu):
+    from . import studies
+    for line in studies.check(gpu):
         typer.echo(line)
 
 

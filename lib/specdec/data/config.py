@@ -246,17 +246,31 @@ def cell_id(cell: dict) -> str:
     return "-".join(parts)
 
 
+def engine_view(cfg: dict, engine: str) -> dict:
+    """The study config as `engine` runs it: for vLLM, a study config without its own `vllm` section takes the
+    hardware profile's (`vllm:` in configs/hardware/<profile>.yaml: how vLLM fits that machine, e.g. its memory),
+    so it is in the vLLM runs' config, hash and meta.json; the torch engine's view is the config itself."""
+    if engine != "vllm" or "vllm" in cfg or not cfg.get("profile"):
+        return cfg
+    from .hardware import load_profile, profile_names
+    if cfg["profile"] not in profile_names():
+        return cfg
+    own = load_profile(cfg["profile"]).get("vllm")
+    return {**cfg, "vllm": own} if own else cfg
+
+
 def config_hash(cfg: dict, engine: str = "torch") -> str:
     """sha256 of the config minus the grid (so growing a grid keeps finished cells valid), minus `calibration`,
     `slo` and timing.warmup_batches (what analysis does with the runs, not how they were measured), and minus
     generation.ngram_match when it is the legacy "latest" (runs from before the key keep their hash).
 
     Engine-scoped sections: `torch` (torch-engine settings, e.g. the Linear path) is left out of vLLM runs'
-    hash, so a change there restarts only torch runs. The torch engine's hash still covers the `vllm` section,
+    hash, so a change there restarts only torch runs; a study without a `vllm` section is hashed for vLLM with its
+    hardware profile's (engine_view). The torch engine's hash still covers the study's own `vllm` section,
     as every run's hash did before the `torch` section existed: without a `torch` section, hashes are unchanged."""
     if engine not in ("torch", "vllm"):
         raise ValueError(f"unknown engine '{engine}'")
-    body = {k: v for k, v in cfg.items()
+    body = {k: v for k, v in engine_view(cfg, engine).items()
             if k not in ("grid", "calibration", "slo") and not (engine == "vllm" and k == "torch")}
     timing = body.get("timing")
     if isinstance(timing, dict) and "warmup_batches" in timing:  # what analysis counts, not what is measured

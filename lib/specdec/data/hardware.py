@@ -36,7 +36,9 @@ PROFILE_KEYS = {"name": ((str,), False), "kind": ((str,), True), "match": ((dict
                 "source": ((str,), False), "costs": ((dict,), False),
                 # CPU offloading: the target's weights live in host memory and cross this link (TB/s) in every
                 # forward (costmodel.prior); the draft stays resident
-                "offload_link_tbs": (_NUM + (type(None),), False)}
+                "offload_link_tbs": (_NUM + (type(None),), False),
+                # vLLM engine settings for studies that have no `vllm:` section of their own (config.engine_view)
+                "vllm": ((dict,), False)}
 MATCH_KEYS = {"cuda": (bool,), "cpu_model": (str,), "cores": (int,), "cpu_flags": (list,), "device_name": (str,)}
 KINDS = ("cpu", "gpu")
 

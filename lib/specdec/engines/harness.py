@@ -88,9 +88,8 @@ class ModelCache:
         return self.variants[quant]
 
 
-def gen_config(cfg: dict, cell: dict, seed: int | None = None) -> GenConfig:
+def gen_config(st: Study, cell: dict, seed: int | None = None) -> GenConfig:
     """The engine settings of a cell (seed: the study's seed unless given)."""
-    st = Study.from_dict(cfg)
     return GenConfig.from_cell(st.generation, Cell.from_dict(cell), st.seed if seed is None else seed)
 
 
@@ -105,11 +104,10 @@ def _trace_source(st: Study, dataset: str | None = None) -> tuple[str, str]:
     return name, dataset or own
 
 
-def trace_prompts(cfg: dict, vocab_size: int, dataset: str | None = None) -> list[dict]:
+def trace_prompts(st: Study, vocab_size: int, dataset: str | None = None) -> list[dict]:
     """Prompts of a trace-replayed study (generation.acceptance_trace, or its collection's `dataset`): one per
     traced request that has both proposers' traces, random token ids (seeded) of its prompt length (capped at
     prompts.max_prompt_tokens), with its acc_len per proposer under "acc"."""
-    st = Study.from_dict(cfg)
     name, dataset = _trace_source(st, dataset)
     per = {p: {r.id: r for r in traces.load(name, dataset, p).requests} for p in traces.PROPOSERS}
     ids = [i for i in per["eagle"] if i in per["ngram"]]
@@ -132,10 +130,11 @@ def _replayed(st: Study, cell: dict) -> dict:
     return {"acceptance_trace": "/".join(_trace_source(st, cell.get("trace")))}
 
 
-def tokenized_prompts(cfg: dict, tokenizer) -> list[dict]:
-    st = Study.from_dict(cfg)
+def tokenized_prompts(st: Study, tokenizer) -> list[dict]:
+    """The study's prompts as token ids (the last prompts.max_prompt_tokens of each), or a trace-replayed
+    study's trace_prompts."""
     if st.generation.acceptance_trace:
-        return trace_prompts(cfg, tokenizer.vocab_size)
+        return trace_prompts(st, tokenizer.vocab_size)
     spec = st.prompts
     items = prompts.build(list(spec.sets), spec.per_set)
     limit = spec.max_prompt_tokens
@@ -156,16 +155,16 @@ def _step_rows(steps, repeat, batch_idx):
     return [dict(r, repeat=repeat, batch_idx=batch_idx) for r in steps]
 
 
-def run_static(cfg, cell, target, draft, plist, tok):
+def run_static(st: Study, cell, target, draft, plist, tok):
     """Static batching: requests in fixed batches of `batch`. Each batch is prefilled once; a warm-up decode
     and then every timed repeat start from copies of that prefilled state (same work, fresh seed).
 
     Paired cells (pairing.py) prefill each batch once more without speculation and run the two arms back to
     back on every timed repeat, alternating which goes first; batch rows carry `arm` and `pair`."""
-    st, c = Study.from_dict(cfg), Cell.from_dict(cell)
-    gens = {"cell": gen_config(cfg, cell)}
+    c = Cell.from_dict(cell)
+    gens = {"cell": gen_config(st, cell)}
     if pairing.is_paired(st, c):
-        gens["base"] = gen_config(cfg, {**cell, "k": 0, "proposer": "none", "alpha": None})
+        gens["base"] = gen_config(st, {**cell, "k": 0, "proposer": "none", "alpha": None})
     bs = c.batch
     n_req = st.requests_per_cell(c)  # whole batches
     chosen = [plist[i % len(plist)] for i in range(n_req)]
@@ -206,12 +205,11 @@ def run_static(cfg, cell, target, draft, plist, tok):
     return reqs, steps, batches
 
 
-def run_poisson(cfg, cell, target, draft, plist, tok):
+def run_poisson(st: Study, cell, target, draft, plist, tok):
     """Continuous batching with Poisson arrivals (rate per second), at most `batch` sequences at once."""
-    st = Study.from_dict(cfg)
     if st.generation.acceptance_trace:
         raise SpecdecError("generation.acceptance_trace replays static cells only, not poisson ones")
-    gen = gen_config(cfg, cell)
+    gen = gen_config(st, cell)
     n_req = st.prompts.requests
     rng = np.random.default_rng(st.seed)
     arrivals = np.cumsum(rng.exponential(1.0 / cell["rate"], size=n_req))
@@ -257,7 +255,7 @@ def fill_cache(kv, ctx: int, gen) -> None:
     kv.mask = torch.ones(kv.batch, ctx, dtype=torch.bool, device=kv.mask.device)
 
 
-def run_forward(cfg, cell, target, draft, plist, tok, names=("target", "draft")):
+def run_forward(st: Study, cell, target, draft, plist, tok, names=("target", "draft")):
     """Timed forward passes: `batch` sequences with `context` cached tokens each append k+1 tokens.
 
     One row per (model, repeat): seconds for that single forward, synchronized, after warm-up; `names` label
@@ -266,7 +264,6 @@ def run_forward(cfg, cell, target, draft, plist, tok, names=("target", "draft"))
 
     device = next(target.parameters()).device
     bs, ctx, q = cell["batch"], cell["context"], cell["k"] + 1
-    st = Study.from_dict(cfg)
     gen = torch.Generator().manual_seed(st.seed)
     fill = gen if device.type == "cpu" else torch.Generator(device=device).manual_seed(st.seed)
     vocab = min(target.config.vocab_size, draft.config.vocab_size if draft is not None else 10**9)
@@ -323,15 +320,15 @@ def hf_generate(target, assistant, group: list[list[int]], k: int, max_new: int,
     return out[:, width:].tolist()
 
 
-def run_hf(cfg, cell, target, draft, plist, tok):
+def run_hf(st: Study, cell, target, draft, plist, tok):
     """Our engine vs HF `generate` (k=0) or HF assisted generation (k>0, batch 1), same prompts and k.
 
     One row per (impl, repeat, batch_idx): seconds for the whole generate call (prefill included),
     and whether the greedy outputs agree token for token. The two run back to back on each batch, the
     order alternating from batch to batch so neither always runs first."""
 
-    st, c = Study.from_dict(cfg), Cell.from_dict(cell)
-    gen = gen_config(cfg, cell)
+    c = Cell.from_dict(cell)
+    gen = gen_config(st, cell)
     bs, k = c.batch, c.k
     pad = getattr(tok, "pad_token_id", 0) or 0
     n_req = st.requests_per_cell(c)
@@ -392,22 +389,22 @@ def measure(study: str, profile: str, limit: int | None = None, dry_run: bool = 
             draft = mc.eagle()
         trace = cell.get("trace")
         if trace not in plists and cell["mode"] not in cfgmod.FORWARD_MODES:  # forward cells need no prompts
-            plists[trace] = (trace_prompts(cfg, tok.vocab_size, trace) if trace else tokenized_prompts(cfg, tok))
+            plists[trace] = (trace_prompts(st, tok.vocab_size, trace) if trace else tokenized_prompts(st, tok))
         plist = plists.get(trace)
         started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         load0 = os.getloadavg()
         before = probe.read_gbs() if on_cpu else None
         if cell["mode"] == "forward":
-            tables = {"forwards": pd.DataFrame(run_forward(cfg, cell, target, draft, plist, tok))}
+            tables = {"forwards": pd.DataFrame(run_forward(st, cell, target, draft, plist, tok))}
         elif cell["mode"] == "offload":
             with mc.offloaded() as streamed:
-                rows = run_forward(cfg, cell, streamed, None, plist, tok, names=("target-offload",))
+                rows = run_forward(st, cell, streamed, None, plist, tok, names=("target-offload",))
             tables = {"forwards": pd.DataFrame(rows)}
         elif cell["mode"] == "hf":
-            tables = {"bench": pd.DataFrame(run_hf(cfg, cell, target, draft, plist, tok))}
+            tables = {"bench": pd.DataFrame(run_hf(st, cell, target, draft, plist, tok))}
         else:
             runner = run_poisson if cell["mode"] == "poisson" else run_static
-            reqs, steps, batches = runner(cfg, cell, target, draft, plist, tok)
+            reqs, steps, batches = runner(st, cell, target, draft, plist, tok)
             tables = {"requests": pd.DataFrame(reqs), "steps": pd.DataFrame(steps),
                       "batches": pd.DataFrame(batches)}
         after = probe.read_gbs() if on_cpu else None

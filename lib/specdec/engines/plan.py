@@ -39,21 +39,24 @@ class Plan:
 
 def plan(study: str, profile: str, engine: str, limit: int | None = None, dry_run: bool = False, echo=print,
          only: str | None = None, prepare=None, check=None) -> Plan:
-    """Load and check everything a measure call needs; echo one line of counts. `prepare(cfg, cell)` returns what
-    running a cell needs or raises SpecdecError (the cell is then unsupported); `check()` runs after the profile
-    is known and before the machine check (e.g. that vLLM is installed; skipped for a dry run)."""
+    """Load and check everything a measure call needs; echo one line of counts. The config is the engine's view
+    of it (config.engine_view), parsed once (Plan.st). `prepare(st, cell)` returns what running a cell needs or
+    raises SpecdecError (the cell is then unsupported); `check()` runs after the profile is known and before the
+    machine check (e.g. that vLLM is installed; skipped for a dry run)."""
     hw = hardware.load_profile(profile)
     if check is not None and not dry_run:
         check()
     machine = hardware.describe_machine()
     hardware.check_machine(hw, machine)
-    cfg = cfgmod.load_study(study, profile)
+    kind = "vllm" if engine.startswith("vllm") else "torch"
+    cfg = cfgmod.engine_view(cfgmod.load_study(study, profile), kind)
+    st = Study.from_dict(cfg)  # parsed once; every engine helper takes this
     todo = cfgmod.select(cfgmod.cells(cfg), only, study)
-    chash = cfgmod.config_hash(cfg, "vllm" if engine.startswith("vllm") else "torch")
+    chash = cfgmod.config_hash(cfg, kind)
     tag = "vllm-" if engine.startswith("vllm") else ""
     pending, unsupported = rawdata.pending_cells(
         profile, study, todo, lambda c: f"{cfgmod.cell_id(c)}-{tag}{chash[:8]}", echo,
-        prepare=(lambda c: prepare(cfg, c)) if prepare else None, dry_run=dry_run)
+        prepare=(lambda c: prepare(st, c)) if prepare else None, dry_run=dry_run)
     for cid, reason in unsupported:
         echo(f"skipping {cid}: {reason}")
     done = len(todo) - len(pending) - len(unsupported)
@@ -68,5 +71,5 @@ def plan(study: str, profile: str, engine: str, limit: int | None = None, dry_ru
         pending = []
     else:
         rawdata.git_state()  # read now, before the first cell: the code this process imported
-    return Plan(study, profile, hw, machine, cfg, Study.from_dict(cfg), todo, pending, unsupported,
+    return Plan(study, profile, hw, machine, cfg, st, todo, pending, unsupported,
                 counts)

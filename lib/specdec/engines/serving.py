@@ -45,11 +45,11 @@ from .server import Server
 GEN_TOKENS, PREEMPTIONS = "vllm:generation_tokens", "vllm:num_preemptions"
 
 
-def server_kwargs(cfg: dict, cell: dict, resolve: bool = False) -> dict:
+def server_kwargs(st: Study, cell: dict, resolve: bool = False) -> dict:
     """The server's engine arguments for a cell: vllm_runner.llm_kwargs with max_num_seqs = the cell's batch."""
     if cell.get("mode") != "serve":
         raise SpecdecError(f"the serving study runs serve cells only, not mode '{cell.get('mode')}'")
-    return vllm_runner.llm_kwargs(cfg, cell, resolve=resolve)
+    return vllm_runner.llm_kwargs(st, cell, resolve=resolve)
 
 
 def _paired(st: Study, cell: dict) -> bool:
@@ -74,26 +74,24 @@ def _delta(after: dict, before: dict) -> dict:
     return out
 
 
-def _requests(cfg: dict, cell: dict, pair: int, plist: list[dict]) -> tuple[list[dict], list[float]]:
+def _requests(st: Study, cell: dict, pair: int, plist: list[dict]) -> tuple[list[dict], list[float]]:
     """The prompts and send times (s) of pair `pair`: serving.requests prompts taken in turn from the prompt
     list, Poisson arrivals at the cell's rate seeded by seed + pair (the same for both arms)."""
-    st = Study.from_dict(cfg)
     n = st.serving.requests
     chosen = [plist[(pair * n + i) % len(plist)] for i in range(n)]
     return chosen, loadgen.arrivals(n, float(cell["rate"]), st.seed + pair)
 
 
-def _bodies(cfg: dict, cell: dict, model: str, chosen: list[dict], max_tokens: int | None = None) -> list[dict]:
-    gen = Study.from_dict(cfg).generation
+def _bodies(st: Study, cell: dict, model: str, chosen: list[dict], max_tokens: int | None = None) -> list[dict]:
+    gen = st.generation
     return [loadgen.body(model, p["ids"], max_tokens or gen.max_new_tokens, cell["temperature"], gen.ignore_eos)
             for p in chosen]
 
 
-def warm(server: Server, cfg: dict, cell: dict, plist: list[dict]) -> None:
+def warm(server: Server, st: Study, cell: dict, plist: list[dict]) -> None:
     """serving.warmup_requests short requests, one at a time (untimed): first-request costs off the clock."""
-    st = Study.from_dict(cfg)
     for i in range(st.serving.warmup_requests):
-        rows = loadgen.run_window(server.url, _bodies(cfg, cell, server.kwargs["model"], [plist[i % len(plist)]],
+        rows = loadgen.run_window(server.url, _bodies(st, cell, server.kwargs["model"], [plist[i % len(plist)]],
                                                       max_tokens=4), [0.0], st.serving.request_timeout_s,
                                   st.serving.window_timeout_s)
         if rows[0]["error"]:
@@ -106,14 +104,13 @@ def _check_alive(server: Server, arm: str, when: str) -> None:
         raise SpecdecError(f"vLLM server ({arm} arm) died {when}: {server.last_error()} (log: {server.log})")
 
 
-def window(server: Server, arm: str, cfg: dict, cell: dict, pair: int, idx: int, plist: list[dict]):
+def window(server: Server, arm: str, st: Study, cell: dict, pair: int, idx: int, plist: list[dict]):
     """One load window on one server: (request rows, window row). A dead server or a failed request is a
     one-line SpecdecError."""
-    st = Study.from_dict(cfg)
-    chosen, send_at = _requests(cfg, cell, pair, plist)
+    chosen, send_at = _requests(st, cell, pair, plist)
     _check_alive(server, arm, f"before window {idx}")
     before = _counters(server.metrics())
-    rows = loadgen.run_window(server.url, _bodies(cfg, cell, server.kwargs["model"], chosen), send_at,
+    rows = loadgen.run_window(server.url, _bodies(st, cell, server.kwargs["model"], chosen), send_at,
                               st.serving.request_timeout_s, st.serving.window_timeout_s)
     _check_alive(server, arm, f"during window {idx}")
     failed = [r["error"] for r in rows if r["error"]]
@@ -145,15 +142,14 @@ def _add(a: dict, b: dict) -> dict:
             "num_accepted_tokens_per_pos": [x + y for x, y in zip(pa, pb)]}
 
 
-def run_cell(arms: "Arms", cfg: dict, cell: dict, plist: list[dict]):
+def run_cell(arms: "Arms", st: Study, cell: dict, plist: list[dict]):
     """Every window of a cell: (request rows, window rows, acceptance summary of the cell arm)."""
-    st = Study.from_dict(cfg)
     reqs, wins = [], []
     total = {**dict.fromkeys(vllm_runner.COUNTERS.values(), 0), "num_accepted_tokens_per_pos": []}
     idx = 0
     for pair in range(st.serving.pairs):
         for arm in (pairing.order(pair) if "base" in arms.kwargs else ("cell",)):
-            rows, row, d = window(arms.server(arm), arm, cfg, cell, pair, idx, plist)
+            rows, row, d = window(arms.server(arm), arm, st, cell, pair, idx, plist)
             reqs += rows
             wins.append(row)
             idx += 1
@@ -169,17 +165,17 @@ class Arms:
     stopped first; pairs in A B B A order then switch servers twice per cell). `used` lists every server
     (arm, Server) the cell ran on, in order, for its logs and meta.json."""
 
-    def __init__(self, servers: "Servers", cfg: dict, cell: dict, plist: list[dict], kwargs: dict, base: dict | None):
-        self.servers, self.cfg, self.cell, self.plist = servers, cfg, cell, plist
+    def __init__(self, servers: "Servers", st: Study, cell: dict, plist: list[dict], kwargs: dict, base: dict | None):
+        self.servers, self.st, self.cell, self.plist = servers, st, cell, plist
         self.kwargs = {"cell": kwargs, **({"base": base} if base is not None else {})}
         self.used: list = []
 
     def server(self, arm: str) -> Server:
-        st = Study.from_dict(self.cfg)
+        st = self.st
         other = [json.dumps(kw, sort_keys=True, default=str) for a, kw in self.kwargs.items() if a != arm]
         srv = self.servers.get(self.kwargs[arm], keep=tuple(other) if st.serving.side_by_side else ())
         if not getattr(srv, "warmed", False):
-            warm(srv, self.cfg, self.cell, self.plist)
+            warm(srv, st, self.cell, self.plist)
             srv.warmed = True
         if not self.used or self.used[-1][1] is not srv:
             self.used.append((arm, srv))
@@ -190,8 +186,8 @@ class Servers:
     """The servers of one measure run, at most two alive: the no-SD base (kept while cells pair with it) and
     the current cell's. Keys are their engine arguments; logs go to build/serving-logs/<profile>/."""
 
-    def __init__(self, cfg: dict, profile: str):
-        self.cfg, self.alive = cfg, {}
+    def __init__(self, st: Study, profile: str):
+        self.st, self.alive = st, {}
         self.logs = paths.build_root() / "serving-logs" / profile
 
     def get(self, kwargs: dict, keep: tuple = ()) -> Server:
@@ -199,11 +195,11 @@ class Servers:
         if key not in self.alive:
             for old in [k for k in self.alive if k not in keep]:
                 self.alive.pop(old).stop()
-            st = Study.from_dict(self.cfg)
+            st = self.st
             name = ("base" if not kwargs.get("speculative_config") else
                     f"{kwargs['speculative_config']['method']}-k{kwargs['speculative_config']['num_speculative_tokens']}")
             log = self.logs / f"{time.strftime('%Y%m%d-%H%M%S')}-bs{kwargs['max_num_seqs']}-{name}.log"
-            srv = Server(kwargs, log, vllm_runner.engine_env(self.cfg), st.serving.port)
+            srv = Server(kwargs, log, vllm_runner.engine_env(st), st.serving.port)
             self.alive[key] = srv
             srv.start_s = srv.start(st.serving.start_timeout_s)
         return self.alive[key]
@@ -236,28 +232,28 @@ def measure(study: str, profile: str, limit: int | None = None, dry_run: bool = 
     if p.done:
         return p.counts
     cfg, st, pending, counts, machine, hw = p.cfg, p.st, p.pending, p.counts, p.machine, p.hw
-    runs = [(cell, folder, server_kwargs(cfg, cell, resolve=True),
-             server_kwargs(cfg, {**cell, "k": 0, "proposer": "none"}, resolve=True) if _paired(st, cell) else None)
+    runs = [(cell, folder, server_kwargs(st, cell, resolve=True),
+             server_kwargs(st, {**cell, "k": 0, "proposer": "none"}, resolve=True) if _paired(st, cell) else None)
             for cell, folder, _ in pending]
     for _, _, kw, _ in runs:
         vllm_runner.check_model_folders(kw)
     keys = [json.dumps(kw, sort_keys=True, default=str) for _, _, kw, _ in runs]
     order = sorted(range(len(runs)), key=lambda i: (keys.index(keys[i]), i))  # cells sharing a server together
-    plist = vllm_runner._tokenized_prompts(cfg)
+    plist = vllm_runner._tokenized_prompts(st)
     versions = rawdata.versions()
     rawdata.git_state()  # read now, before the first cell: the code this process imported
-    servers = Servers(cfg, profile)
+    servers = Servers(st, profile)
     old = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         for i in order:
             cell, folder, kwargs, base_kwargs = runs[i]
-            arms = Arms(servers, cfg, cell, plist, kwargs, base_kwargs)
+            arms = Arms(servers, st, cell, plist, kwargs, base_kwargs)
             echo(f"{cfgmod.cell_id(cell)}: {st.serving.pairs} pair(s) of {st.serving.requests} requests at "
                  f"{cell['rate']:g}/s")
             started, load0 = time.strftime("%Y-%m-%dT%H:%M:%S%z"), os.getloadavg()
             before = probe.read_gbs()
             try:
-                reqs, wins, acceptance = run_cell(arms, cfg, cell, plist)
+                reqs, wins, acceptance = run_cell(arms, st, cell, plist)
             finally:
                 _copy_logs(arms.used, folder)
             after = probe.read_gbs()
@@ -265,11 +261,11 @@ def measure(study: str, profile: str, limit: int | None = None, dry_run: bool = 
             meta = rawdata.run_meta(
                 study, folder, profile, cell, cfg, machine, "vllm", hardware.device_for(hw), started, load0,
                 versions, acceptance=acceptance, probe={"before": before, "after": after},
-                **models.weights_of(cfg["pair"]),
+                **models.weights_of(st.pair),
                 serving={"engine_args": arms.kwargs, "side_by_side": st.serving.side_by_side,
                          "servers": [{"arm": arm, "log": srv.log.name, "start_s": srv.start_s, "port": srv.port}
                                      for arm, srv in arms.used],
-                         "env": vllm_runner.engine_env(cfg), "client": "specdec.engines.loadgen (aiohttp, streamed)"})
+                         "env": vllm_runner.engine_env(st), "client": "specdec.engines.loadgen (aiohttp, streamed)"})
             rawdata.write_run(folder, {"requests": pd.DataFrame(reqs), "windows": pd.DataFrame(wins)}, meta)
             counts["ran"] += 1
     finally:

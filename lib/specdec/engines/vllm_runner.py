@@ -65,10 +65,10 @@ TIMING_NOTES = ("vLLM engine: batches.call_s is the wall time of one LLM.generat
 LOCAL = (models.GgufSource, models.TinySource)
 
 
-def _hub_ids(cfg: dict, resolve: bool = False) -> tuple[str, str]:
+def _hub_ids(st: Study, resolve: bool = False) -> tuple[str, str]:
     """(target, draft) as vLLM loads them: local folders for pairs that have them (resolved, i.e. converted or
     saved, only when `resolve`; else a placeholder "local:<name>"), else the pair's hub ids."""
-    spec = models.pair_spec(cfg["pair"])
+    spec = models.pair_spec(st.pair)
     if isinstance(spec.target, LOCAL):
         return tuple(models.model_dir(src) if resolve else f"local:{src.name}" for src in (spec.target, spec.draft))
     if not spec.hub_target:
@@ -76,30 +76,30 @@ def _hub_ids(cfg: dict, resolve: bool = False) -> tuple[str, str]:
     return spec.hub_target, spec.hub_draft
 
 
-def speculative_config(cfg: dict, cell: dict, resolve: bool = False) -> dict | None:
+def speculative_config(st: Study, cell: dict, resolve: bool = False) -> dict | None:
     """vLLM's speculative_config dict for a cell, or None without speculation (k=0 or proposer none)."""
     k, proposer = cell["k"], cell["proposer"]
     if proposer not in PROPOSERS:
         raise SpecdecError(f"unknown proposer '{proposer}' for the vLLM engine ({', '.join(PROPOSERS)})")
     if k == 0 or proposer == "none":
         return None
-    gen = Study.from_dict(cfg).generation
+    gen = st.generation
     if proposer == "ngram":
         if gen.ngram_match != "earliest":
             raise SpecdecError("vLLM's n-gram proposer copies the earliest of the longest matches; set "
                                "generation.ngram_match: earliest for a vLLM run")
         return {"method": "ngram", "num_speculative_tokens": k,
                 "prompt_lookup_max": gen.ngram_max, "prompt_lookup_min": gen.ngram_min}
-    _, draft = _hub_ids(cfg, resolve)
+    _, draft = _hub_ids(st, resolve)
     if not draft:
-        raise SpecdecError(f"pair '{cfg['pair']}' has no hub draft id for proposer '{proposer}'")
+        raise SpecdecError(f"pair '{st.pair}' has no hub draft id for proposer '{proposer}'")
     is_eagle = "eagle" in draft.lower()
     if proposer == "draft":
         if is_eagle:
             raise SpecdecError(f"draft '{draft}' is an EAGLE head; use proposer eagle or eagle3, not draft")
-        vocab = models.pair_spec(cfg["pair"]).vocab
+        vocab = models.pair_spec(st.pair).vocab
         if vocab and vocab[0] != vocab[1]:
-            raise SpecdecError(f"pair '{cfg['pair']}': vLLM rejects a draft model whose vocabulary ({vocab[1]}) "
+            raise SpecdecError(f"pair '{st.pair}': vLLM rejects a draft model whose vocabulary ({vocab[1]}) "
                                f"differs from the target's ({vocab[0]})")
         out = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
         if cell.get("quant", "none") == "fp8":
@@ -140,7 +140,7 @@ def check_speculative_config(conf: dict) -> dict:
     return conf
 
 
-def llm_kwargs(cfg: dict, cell: dict, resolve: bool = False, max_num_seqs: int | None = None) -> dict:
+def llm_kwargs(st: Study, cell: dict, resolve: bool = False, max_num_seqs: int | None = None) -> dict:
     """Keyword arguments for vllm.LLM(...) for one cell; unsupported cells raise SpecdecError (one line).
 
     max_model_len (tokens) = prompts.max_prompt_tokens + generation.max_new_tokens + 64 of slack;
@@ -153,37 +153,36 @@ def llm_kwargs(cfg: dict, cell: dict, resolve: bool = False, max_num_seqs: int |
         raise SpecdecError(f"the vLLM engine runs static and serve cells only, not mode '{mode}'")
     if cell.get("alpha") is not None:
         raise SpecdecError(f"the vLLM engine has no synthetic acceptance (alpha={cell['alpha']})")
-    target, _ = _hub_ids(cfg, resolve)
+    target, _ = _hub_ids(st, resolve)
     quant = cell.get("quant", "none") or "none"
     if quant not in ("none", "fp8"):
         raise SpecdecError(f"quant '{quant}' has no online vLLM equivalent (use none or fp8)")
-    st = Study.from_dict(cfg)
     kw = {"model": target, "max_num_seqs": max_num_seqs or cell["batch"], "seed": st.seed,
           "dtype": st.dtype or "auto", "disable_log_stats": False, "enable_prefix_caching": False,
           "skip_tokenizer_init": True,
           "max_model_len": st.prompts.max_prompt_tokens + st.generation.max_new_tokens + 64}
     if quant == "fp8":
         kw["quantization"] = "fp8"
-    spec = speculative_config(cfg, cell, resolve)
+    spec = speculative_config(st, cell, resolve)
     if spec is not None:
         kw["speculative_config"] = spec
     kw.update({key: val for key, val in st.vllm.items() if key != "env"})
     return kw
 
 
-def engine_env(cfg: dict) -> dict:
+def engine_env(st: Study) -> dict:
     """Environment variables the study config sets for vLLM engines (`vllm: {env: {...}}`), as strings."""
-    env = Study.from_dict(cfg).vllm.get("env") or {}
+    env = st.vllm.get("env") or {}
     if not isinstance(env, dict):
         raise SpecdecError("config: vllm.env must be a mapping of environment variables")
     return {str(k): str(v) for k, v in env.items()}
 
 
-def sampling_kwargs(cfg: dict, cell: dict, max_tokens: int | None = None) -> dict:
+def sampling_kwargs(st: Study, cell: dict, max_tokens: int | None = None) -> dict:
     """Keyword arguments for vllm.SamplingParams(...): temperature, max_tokens (new tokens), ignore_eos.
 
     The seed goes to LLM(seed=...), not per request (seeded requests take a slower sampling path)."""
-    gen = Study.from_dict(cfg).generation
+    gen = st.generation
     return {"temperature": float(cell["temperature"]),
             "max_tokens": int(max_tokens if max_tokens is not None else gen.max_new_tokens),
             "ignore_eos": bool(gen.ignore_eos), "detokenize": False}
@@ -271,9 +270,9 @@ def have_vllm() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def _tokenized_prompts(cfg: dict) -> list[dict]:
+def _tokenized_prompts(st: Study) -> list[dict]:
     from .harness import tokenized_prompts
-    return tokenized_prompts(cfg, models.load_tokenizer(models.pair_spec(cfg["pair"])))
+    return tokenized_prompts(st, models.load_tokenizer(models.pair_spec(st.pair)))
 
 
 def _prompts(group: list[dict]) -> list[dict]:
@@ -296,19 +295,19 @@ def _generate(llm, group: list[dict], params) -> tuple[list, float, float, float
     return outs, call_s, wall0, mono0, parts
 
 
-def run_static(llms: dict, sampling_cls, cfg: dict, cell: dict, plist: list[dict]):
+def run_static(llms: dict, sampling_cls, st: Study, cell: dict, plist: list[dict]):
     """Static batches of `batch` requests through llm.generate; a warm-up batch per engine first (not recorded).
 
     `llms` maps an arm to its engine: "cell" (the cell's configuration) and, for paired cells, "base" (no
     speculation); paired arms alternate on every timed batch (pairing.order). Returns (request rows of the
     cell arm, batch rows with arm and pair, acceptance summary of the cell arm over the timed batches)."""
-    st, c = Study.from_dict(cfg), Cell.from_dict(cell)
+    c = Cell.from_dict(cell)
     bs = c.batch
     n_req = st.requests_per_cell(c)  # whole batches, as in the torch engine
     repeats = st.timed_repeats(c)
     chosen = [plist[i % len(plist)] for i in range(n_req)]
-    params = sampling_cls(**sampling_kwargs(cfg, cell))
-    warm = sampling_cls(**sampling_kwargs(cfg, cell, max_tokens=st.timing.warmup_steps))
+    params = sampling_cls(**sampling_kwargs(st, cell))
+    warm = sampling_cls(**sampling_kwargs(st, cell, max_tokens=st.timing.warmup_steps))
     for llm in llms.values():
         llm.generate(_prompts(chosen[:bs]), warm, use_tqdm=False)
     before = spec_counters(llms["cell"].get_metrics())
@@ -379,12 +378,12 @@ def check_model_folders(kwargs: dict) -> None:
 ONE_ENGINE_PER_PROCESS = True
 
 
-def engine_groups(cfg: dict, pending: list) -> list[list]:
+def engine_groups(st: Study, pending: list) -> list[list]:
     """Pending cells [(cell, folder, prepared)] grouped by the engine configuration they run on (their LLM
     arguments without max_num_seqs), groups in the order they first appear."""
     groups: dict[str, list] = {}
     for item in pending:
-        kw = {k: v for k, v in llm_kwargs(cfg, item[0]).items() if k != "max_num_seqs"}
+        kw = {k: v for k, v in llm_kwargs(st, item[0]).items() if k != "max_num_seqs"}
         groups.setdefault(json.dumps(kw, sort_keys=True, default=str), []).append(item)
     return list(groups.values())
 
@@ -450,23 +449,22 @@ def measure(study: str, profile: str, limit: int | None = None, dry_run: bool = 
         raise SpecdecError(f"no cell of study '{study}' can run on vLLM; {p.unsupported[0][0]}: {p.unsupported[0][1]}")
     if p.done:
         return p.counts
-    cfg, pending, counts, machine, hw = p.cfg, p.pending, p.counts, p.machine, p.hw
-    groups = engine_groups(cfg, pending)
+    st, pending, counts, machine, hw = p.st, p.pending, p.counts, p.machine, p.hw
+    groups = engine_groups(st, pending)
     if ONE_ENGINE_PER_PROCESS and len(groups) > 1:  # one process per engine configuration
         return _measure_in_children(study, profile, groups, counts, echo)
-    os.environ.update(engine_env(cfg))
+    os.environ.update(engine_env(st))
     from tqdm import tqdm
     from vllm import LLM, SamplingParams
 
-    st = Study.from_dict(cfg)
     widest = max(c["batch"] for c, _, _ in pending)
     runs = []
     for cell, folder, _ in (item for group in groups for item in group):  # cells sharing an engine run together
-        kw = llm_kwargs(cfg, cell, resolve=True, max_num_seqs=widest)
-        base = (llm_kwargs(cfg, {**cell, "k": 0, "proposer": "none"}, resolve=True, max_num_seqs=widest)
+        kw = llm_kwargs(st, cell, resolve=True, max_num_seqs=widest)
+        base = (llm_kwargs(st, {**cell, "k": 0, "proposer": "none"}, resolve=True, max_num_seqs=widest)
                 if pairing.is_paired(st, Cell.from_dict(cell)) else None)
         runs.append((cell, folder, kw, base))
-    plist = _tokenized_prompts(cfg)
+    plist = _tokenized_prompts(st)
     versions = rawdata.versions()
     versions.setdefault("vllm", getattr(sys.modules.get("vllm"), "__version__", "unknown"))
     rawdata.git_state()  # read now, before the first cell: the code this process imported
@@ -486,7 +484,7 @@ def measure(study: str, profile: str, limit: int | None = None, dry_run: bool = 
             started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             load0 = os.getloadavg()
             before = probe.read_gbs()
-            reqs, batches, acceptance = run_static(llms, SamplingParams, cfg, cell, plist)
+            reqs, batches, acceptance = run_static(llms, SamplingParams, st, cell, plist)
             if (kwargs.get("speculative_config") or {}).get("method") not in (None, "ngram") \
                     and not acceptance.get("num_drafts"):
                 raise SpecdecError(f"vLLM counted no drafts for SD cell {cid}: its spec-decode counters were lost "
@@ -494,12 +492,12 @@ def measure(study: str, profile: str, limit: int | None = None, dry_run: bool = 
             after = probe.read_gbs()
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "acceptance.json").write_text(json.dumps(acceptance, indent=2, sort_keys=True))
-            meta = rawdata.run_meta(study, folder, profile, cell, cfg, machine, "vllm",
+            meta = rawdata.run_meta(study, folder, profile, cell, p.cfg, machine, "vllm",
                                     hardware.device_for(hw), started, load0, versions,
                                     acceptance=acceptance, timing_notes=TIMING_NOTES,
-                                    probe={"before": before, "after": after}, **models.weights_of(cfg["pair"]),
+                                    probe={"before": before, "after": after}, **models.weights_of(st.pair),
                                     vllm={"llm_kwargs": kwargs, "base_llm_kwargs": base_kwargs,
-                                          "env": engine_env(cfg), "sampling_kwargs": sampling_kwargs(cfg, cell)})
+                                          "env": engine_env(st), "sampling_kwargs": sampling_kwargs(st, cell)})
             rawdata.write_run(folder, {"requests": pd.DataFrame(reqs), "batches": pd.DataFrame(batches)}, meta)
             counts["ran"] += 1
     finally:

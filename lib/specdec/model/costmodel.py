@@ -341,6 +341,9 @@ def fit_steps(profile: str, calibration, pair: str | None = None, engine: str = 
     st = tables.load(profile, "batch", "steps")
     rq = tables.load(profile, "batch", "requests")
     b, st, rq = (x[x["engine"] == engine] for x in (b, st, rq))
+    if engine == "vllm":  # no per-step rows: steps and the step split from vLLM's per-call figures
+        b = decode_steps(b)
+        st = vllm_step_rows(b)
     pair = pair_name(pair) if pair else str(b["pair"].iloc[0])
     b, st, rq = (x[x["pair"] == pair] for x in (b, st, rq))
     costs = _fit_steps(profile, calibration, pair, b, st, rq)
@@ -350,6 +353,41 @@ def fit_steps(profile: str, calibration, pair: str | None = None, engine: str = 
         if errs:
             costs = replace(costs, cv_log_err=float(np.sqrt(np.mean(np.square(errs)))), cv_n=len(errs))
     return costs
+
+
+def decode_steps(b: pd.DataFrame) -> pd.DataFrame:
+    """vLLM's batch rows with `steps` (decode steps per generate call) where vLLM left it NaN: a no-SD call's
+    decode tokens per sequence (one token per step); an SD call's engine steps (vllm_steps.py, in-process
+    engines only) less the prefill steps of the paired no-SD call on the same prompts (its engine steps less its
+    decode steps). Unpaired SD calls, or calls without engine_steps, keep NaN."""
+    b = b.copy()
+    if "engine_steps" not in b:
+        return b
+    nosd = (b["arm"] == "base") | (b["k"] == 0)
+    missing = b["steps"].isna()
+    b.loc[nosd & missing, "steps"] = (b["decode_tokens"] / b["size"])[nosd & missing]
+    key = ["run_id", "repeat", "batch_idx"]
+    prefill = (b.loc[nosd, key].assign(prefill_steps=b["engine_steps"] - b["steps"]))
+    sd = ~nosd & missing
+    if sd.any():
+        merged = b.loc[sd, key].merge(prefill, on=key, how="left")
+        b.loc[sd, "steps"] = (b.loc[sd, "engine_steps"].to_numpy() - merged["prefill_steps"].to_numpy())
+    return b
+
+
+def vllm_step_rows(b: pd.DataFrame) -> pd.DataFrame:
+    """One steps-table-like row per vLLM SD call (what fit_steps reads of the torch engine's steps): its mean
+    decode step, decode_s / steps seconds, split into draft_s and verify_s in the proportions of the call's own
+    step split (draft_s / step_s over all its steps, prefill included, so the draft share is a little low);
+    other_s = 0 (inside verify_s). Needs decode_steps' `steps`; calls without a split are left out."""
+    cols = ["run_id", "repeat", "batch_idx", "pair", "k", "proposer", "batch", "verify_s", "other_s", "draft_s"]
+    if "step_s" not in b:
+        return pd.DataFrame(columns=cols)
+    sd = b[(b["arm"] == "cell") & (b["k"] > 0) & (b["steps"] > 0) & (b["step_s"] > 0)]
+    per_step = sd["decode_s"] / sd["steps"]
+    share = sd["draft_s"] / sd["step_s"]
+    out = sd[cols[:7]].assign(verify_s=per_step * (1 - share), other_s=0.0, draft_s=per_step * share)
+    return out.reset_index(drop=True)
 
 
 def _named(st: pd.DataFrame, calibration) -> pd.Series:

@@ -198,10 +198,11 @@ def vllm_speculative_config(pair: str, proposer: str, k: int) -> dict | None:
     built by the vLLM runner's own translation; None when SD should be off (k = 0)."""
     if k < 1:
         return None
+    from ..data.spec import Generation, Study
     from ..engines.vllm_runner import check_speculative_config, speculative_config
 
     try:
-        conf = speculative_config({"pair": pair, "generation": {"ngram_match": "earliest"}},
+        conf = speculative_config(Study(pair, generation=Generation(ngram_match="earliest")),
                                   {"k": int(k), "proposer": proposer})
     except SpecdecError:
         return None

@@ -237,6 +237,8 @@ def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int
     reqs = reqs[(reqs["pair"] == pair) & (reqs["engine"] == engine)]
     if batches.empty:
         raise SpecdecError(f"no {engine} batch-study cells of pair {pair} on {profile} to validate against")
+    if engine == "vllm":
+        batches = costmodel.decode_steps(batches)
     from ..data import config as cfgmod
     cal = cfgmod.analysis_settings("batch", profile)["calibration"]
     costs = costmodel.fit_steps(profile, cal, pair, engine) if cal else costmodel.fit(profile, pair)

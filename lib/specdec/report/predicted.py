@@ -19,6 +19,7 @@ from ..data import traces as tr
 from ..errors import SpecdecError
 from ..model import acceptance, costmodel, predict, replay
 
+STUDIES = ("batch", "acceptance", "hardware")  # the raw studies whose tables this module predicts
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
 K_PAPER = 3
 CONTEXTS = (256, 1024)

@@ -7,7 +7,8 @@ the view returns predicted.py's table of the same name, with `basis` = "predicte
 naming both inputs: the columns the figures read, not every measured column (the measured tables also carry
 run ids, CIs and counters a prediction has no value for). One decision per view, `_pick`. Studies that cannot
 be predicted (alternatives, bench) return empty tables and a reason. `mode()` says which of the three
-applies; a profile where no study has anything to show is a one-line error.
+applies to the raw studies a view reads (predicted.STUDIES are the ones that can be predicted); studies.mode and
+studies.check ask it for each study's declared SOURCE.
 """
 from __future__ import annotations
 
@@ -23,8 +24,6 @@ from ..model import costmodel, predict, replay
 from . import advise, analysis, predicted
 from .predicted import BATCHES, K_PAPER, inputs
 
-PREDICTABLE = ("batch", "acceptance", "hardware", "validation", "claims")
-
 
 @dataclass(frozen=True)
 class Source:
@@ -37,9 +36,9 @@ class Source:
 
 
 def measured(profile: str, study: str) -> bool:
-    """True when data/raw/<profile>/<study> has complete runs under the current config (or imported ones)."""
-    studies = ("batch", "hardware", "acceptance") if study in ("validation", "claims") else (study,)
-    return any(tables.has_runs(profile, s) for s in studies)
+    """True when data/raw/<profile>/<study> (a raw study) has complete runs under the current config (or imported
+    ones)."""
+    return tables.has_runs(profile, study)
 
 
 def synthetic(profile: str, study: str) -> bool:
@@ -49,36 +48,30 @@ def synthetic(profile: str, study: str) -> bool:
     return any(m.get("weights") == "synthetic" for _, m in rawdata.current_runs(study, profile, warn=lambda _m: None))
 
 
-def mode(profile: str, study: str) -> Source:
-    """Whether `study` on `profile` is shown measured, predicted, or not at all (with the reason). Raw runs of a
-    profile without a yaml (imported or hand-made runs) count as measured."""
-    if measured(profile, study):
-        where = f"data/raw/{profile}/{study if study not in ('validation', 'claims') else '*'}"
-        if synthetic(profile, study if study not in ("validation", "claims") else "batch"):
+def mode(profile: str, sources) -> Source:
+    """Whether a view of the raw study `sources` (or of several: a tuple, e.g. a study shown from the batch,
+    hardware and acceptance runs) on `profile` is shown measured (any of them has runs), predicted (all of them
+    are in predicted.STUDIES and the profile has a prediction source), or not at all (with the reason). Raw
+    runs of a profile without a yaml (imported or hand-made runs) count as measured. studies.mode(stem, profile)
+    asks this with the study's declared SOURCE."""
+    raw = (sources,) if isinstance(sources, str) else tuple(sources)
+    shown = raw[0] if len(raw) == 1 else "*"
+    if any(measured(profile, s) for s in raw):
+        where = f"data/raw/{profile}/{shown}"
+        if synthetic(profile, raw[0]):
             where += (" (synthetic weights of the real shapes: timings real" +
-                      ("" if study == "hardware" else ", acceptance replayed from the paper's traces") + ")")
+                      ("" if raw == ("hardware",) else ", acceptance replayed from the paper's traces") + ")")
         return Source("measured", where)
-    if study not in PREDICTABLE:
-        return Source("none", f"no measurements in data/raw/{profile}/{study}, and the {study} study needs them "
+    if not set(raw) <= set(predicted.STUDIES):
+        need = next(s for s in raw if s not in predicted.STUDIES)
+        return Source("none", f"no measurements in data/raw/{profile}/{shown}, and the {need} study needs them "
                               f"(it cannot be predicted from acceptance traces and forward costs)")
     try:
         hardware.load_profile(profile)
         name, costs = inputs(profile)
     except SpecdecError as e:
-        return Source("none", f"no measurements in data/raw/{profile}/{study}; {e}")
+        return Source("none", f"no measurements in data/raw/{profile}/{shown}; {e}")
     return Source("predicted", f"traces data/traces/{name} + costs {costs.describe()}")
-
-
-def check(profile: str) -> list[str]:
-    """One line per study; an unknown profile, or one where no study has anything to show, is a one-line error."""
-    if not any(measured(profile, s) for s in ("batch", "acceptance", "hardware", "alternatives", "serving", "bench")):
-        hardware.load_profile(profile)
-    lines = [f"{s}: {mode(profile, s).label}" for s in ("batch", "acceptance", "hardware", "alternatives", "serving",
-                                                     "validation", "bench", "claims")]
-    if all(": NO DATA" in line for line in lines):
-        raise SpecdecError(f"profile '{profile}' has nothing to show: no raw data in data/raw/{profile} and no "
-                           f"prediction source ({mode(profile, 'batch').text})")
-    return lines
 
 
 # -- batch ----------------------------------------------------------------------------------------------------
@@ -338,7 +331,7 @@ def validation(profile: str) -> tuple[pd.DataFrame, str, str]:
             return advise.validate(profile), "", "measured"
         except SpecdecError as e:
             return pd.DataFrame(), str(e), "measured"
-    src = mode(profile, "validation")
+    src = mode(profile, "batch")  # batch is not measured here: what predicts it
     if src.kind == "none":
         return pd.DataFrame(), src.text, "measured"
     name, _ = inputs(profile)
@@ -354,7 +347,7 @@ def policy(profile: str, fixed_k: int = K_PAPER) -> tuple[pd.DataFrame, str]:
     `measured` = the trace replay at that k (the simulator's protocol) under the same costs."""
     if measured(profile, "batch"):
         return analysis.safe(advise.policy_compare, profile)
-    src = mode(profile, "validation")
+    src = mode(profile, "batch")  # batch is not measured here: what predicts it
     if src.kind == "none":
         return pd.DataFrame(), src.text
     name, costs = inputs(profile)

@@ -6,7 +6,8 @@ figures/<profile>/<stem>-*): each says which tables the study computes and which
   Outputs.save() writes build/<profile>/<name>.csv and build/<profile>/<stem>-notes.json;
   Outputs.load(stem, profile) reads them back, so `specdec figures --gpu G` re-draws without recomputing.
 
-A study is declared once, in its module: SOURCE (the study whose views.mode labels its figures, or None),
+A study is declared once, in its module: SOURCE (the raw study, or tuple of raw studies, whose runs make it
+measured: views.mode labels its notebook and figures; None for a study that is neither measured nor predicted),
 TABLES, FIGURES and FILES (what its notebook writes), READS (the raw studies its notebook reads: the Makefile's
 prerequisites, checked by tests/test_studies.py), tables(profile) -> ({name: DataFrame}, {name: note}),
 figures(outputs) -> {name: Figure} (report/figures.py functions on the tables only) and optionally
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from ..data import hardware as profiles
 from ..errors import SpecdecError
 from ..report import figures, views
 
@@ -102,9 +104,33 @@ def draw(out: Outputs) -> dict:
     if list(figs) != want:
         raise SpecdecError(f"study {out.stem} drew {list(figs)}, its FIGURES are {want}")
     if mod.SOURCE:
-        src = views.mode(out.profile, mod.SOURCE)
+        src = mode(out.stem, out.profile)
         figs = {name: figures.stamp(fig, src) for name, fig in figs.items()}
     return figs
+
+
+def sources(stem: str) -> tuple:
+    """The raw studies whose runs make study `stem` measured (its SOURCE as a tuple; () for none)."""
+    src = module(stem).SOURCE
+    return (src,) if isinstance(src, str) else tuple(src or ())
+
+
+def mode(stem: str, profile: str) -> views.Source:
+    """Whether study `stem` on `profile` is shown measured, predicted, or not at all (views.mode of its SOURCE)."""
+    return views.mode(profile, sources(stem))
+
+
+def check(profile: str) -> list[str]:
+    """`<stem>: MEASURED|PREDICTED|NO DATA: why`, one line per study with a SOURCE; an unknown profile, or one
+    where no study has anything to show, is a one-line error."""
+    shown = [s for s in STEMS if sources(s)]
+    if not any(views.measured(profile, r) for s in shown for r in sources(s)):
+        profiles.load_profile(profile)
+    lines = [f"{s}: {mode(s, profile).label}" for s in shown]
+    if all(": NO DATA" in line for line in lines):
+        raise SpecdecError(f"profile '{profile}' has nothing to show: no raw data in data/raw/{profile} and no "
+                           f"prediction source ({views.mode(profile, 'batch').text})")
+    return lines
 
 
 def save_figures(figs: dict, profile: str, close: bool = False) -> None:

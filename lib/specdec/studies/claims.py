@@ -2,7 +2,7 @@
 from ..report import claims as C
 from ..report import figures as F
 
-SOURCE = "claims"
+SOURCE = ("batch", "hardware", "acceptance")  # shown measured where any of these raw studies has runs
 TABLES = ("claims",)  # build/<profile>/<name>.csv
 FIGURES = ("claims-verdicts",)  # figures/<profile>/<name>.png|pdf
 FILES = ("claims.md",)  # other build/<profile>/ files, besides <stem>-notes.json

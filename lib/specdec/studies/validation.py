@@ -2,7 +2,7 @@
 from ..report import analysis, views
 from ..report import figures as F
 
-SOURCE = "validation"
+SOURCE = ("batch", "hardware", "acceptance")  # shown measured where any of these raw studies has runs
 TABLES = ("validation-predicted-vs-measured", "validation-policy", "validation-paper-measured",
           "validation-calibration", "validation-decision-map", "validation-decision-points")  # build/<profile>/<name>.csv
 FIGURES = ("validation-predicted-vs-measured", "validation-policy", "validation-paper-measured",
