@@ -127,7 +127,9 @@ def test_a_study_without_a_vllm_section_takes_the_profiles_for_vllm_only():
     for study in ("batch", "serving"):
         cfg = config.load_study(study, "cpu")
         assert config.engine_view(cfg, "vllm") is cfg
-    # the shipped torch acceptance runs on cpu stay current
+    # the shipped torch acceptance runs on cpu stay current, and a vLLM run's hash is the vLLM view's
     rawdata._HASHES.clear()
     runs = rawdata.current_runs("acceptance", "cpu", warn=lambda *_: None)
-    assert runs and all(m["config_sha256"] == config.config_hash(acc, "torch") for _, m in runs)
+    torch_runs = [m for _, m in runs if m.get("engine", "torch") == "torch"]
+    assert torch_runs and all(m["config_sha256"] == config.config_hash(acc, "torch") for m in torch_runs)
+    assert all(m["config_sha256"] == config.config_hash(acc, "vllm") for _, m in runs if m.get("engine") == "vllm")
