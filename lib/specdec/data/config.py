@@ -27,6 +27,7 @@ import yaml
 
 from .. import paths
 from ..errors import SpecdecError
+from .hardware import load_profile, profile_names
 from .spec import LEGACY_MATCH, MATCH_RULES, PROPOSERS, Study
 
 GRID_KEYS = ("mode", "batch", "k", "proposer", "temperature", "alpha", "quant", "rate", "context", "requests",
@@ -64,7 +65,6 @@ def load_study(study: str, profile: str | None = None) -> dict:
     overrides = cfg.pop("profiles", {}) or {}
     if not isinstance(overrides, dict):
         raise SpecdecError(f"config {path.name}: 'profiles' must map profile names to overrides")
-    from .hardware import profile_names
     unknown = sorted(set(overrides) - set(profile_names()))
     if unknown:
         raise SpecdecError(f"config {path.name}: unknown profile(s) {unknown} under 'profiles'; known: "
@@ -91,7 +91,6 @@ def analysis_settings(study: str, profile: str) -> dict:
     patterns of the cells that calibrate the cost model, costmodel.fit_steps) and `warmup_batches` (each run's
     first timed batches that analysis leaves out). Cached per config file version (analysis asks on every load);
     a profile without a yaml gets neither."""
-    from .hardware import profile_names
     path = paths.configs() / f"{study}.yaml"
     stamp = (path.stat().st_mtime_ns, path.stat().st_size) if path.exists() else None
     key = (str(path), stamp, profile)
@@ -252,7 +251,6 @@ def engine_view(cfg: dict, engine: str) -> dict:
     so it is in the vLLM runs' config, hash and meta.json; the torch engine's view is the config itself."""
     if engine != "vllm" or "vllm" in cfg or not cfg.get("profile"):
         return cfg
-    from .hardware import load_profile, profile_names
     if cfg["profile"] not in profile_names():
         return cfg
     own = load_profile(cfg["profile"]).get("vllm")
