@@ -171,11 +171,10 @@ class Arms:
         self.used: list = []
 
     def server(self, arm: str) -> Server:
-        st = self.st
         other = [json.dumps(kw, sort_keys=True, default=str) for a, kw in self.kwargs.items() if a != arm]
-        srv = self.servers.get(self.kwargs[arm], keep=tuple(other) if st.serving.side_by_side else ())
+        srv = self.servers.get(self.kwargs[arm], keep=tuple(other) if self.st.serving.side_by_side else ())
         if not getattr(srv, "warmed", False):
-            warm(srv, st, self.cell, self.plist)
+            warm(srv, self.st, self.cell, self.plist)
             srv.warmed = True
         if not self.used or self.used[-1][1] is not srv:
             self.used.append((arm, srv))

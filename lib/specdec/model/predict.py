@@ -22,7 +22,7 @@ from functools import lru_cache
 import numpy as np
 from scipy.optimize import brentq
 
-from ..data.spec import proposer_names
+from ..data.spec import Generation, Study, proposer_names
 from ..errors import SpecdecError
 from . import acceptance
 from .acceptance import AcceptanceModel
@@ -198,7 +198,6 @@ def vllm_speculative_config(pair: str, proposer: str, k: int) -> dict | None:
     built by the vLLM runner's own translation; None when SD should be off (k = 0)."""
     if k < 1:
         return None
-    from ..data.spec import Generation, Study
     from ..engines.vllm_runner import check_speculative_config, speculative_config
 
     try:
