@@ -113,6 +113,29 @@ def test_local_pairs_resolve_to_saved_folders(cfg, tmp_path, monkeypatch):
         assert path.startswith(str(tmp_path)) and (tmp_path / path / "config.json").exists()
 
 
+def test_a_static_batch_gets_kv_cache_for_all_its_sequences(cfg, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    cfg["pair"], cfg["dtype"] = "tiny-vllm", "float32"
+    cfg["vllm"] = {"kv_cache_memory_bytes": 1 << 20}
+    st = S(cfg)
+    kw = vr.llm_kwargs(st, cell(batch=4), resolve=True)
+    per = [json.loads((tmp_path / p / "config.json").read_text()) for p in (kw["model"],
+                                                                          kw["speculative_config"]["model"])]
+    # 2 (K and V) x layers x KV heads x head size x 4 bytes (fp32), target plus draft
+    want = sum(2 * c["num_hidden_layers"] * c["num_key_value_heads"] * c["hidden_size"] // c["num_attention_heads"]
+               * 4 for c in per)
+    assert want > 0 and vr.kv_bytes_per_token(kw["model"], "float32") < want
+    need = int(4 * kw["max_model_len"] * want * vr.KV_HEADROOM)
+    assert kw["kv_cache_memory_bytes"] == max(1 << 20, need)
+    big = vr.llm_kwargs(st, cell(batch=4), resolve=True, max_num_seqs=64)["kv_cache_memory_bytes"]
+    assert big == int(64 * kw["max_model_len"] * want * vr.KV_HEADROOM) > 1 << 20
+    # configured space that already suffices is kept; unresolved (hub ids, dry runs) is left alone
+    cfg["vllm"] = {"kv_cache_memory_bytes": 1 << 40}
+    assert vr.llm_kwargs(S(cfg), cell(batch=4), resolve=True)["kv_cache_memory_bytes"] == 1 << 40
+    cfg["vllm"] = {"kv_cache_memory_bytes": 1 << 20}
+    assert vr.llm_kwargs(S(cfg), cell(batch=64))["kv_cache_memory_bytes"] == 1 << 20
+
+
 def test_env_of_the_config_is_not_an_llm_argument(cfg):
     cfg["vllm"] = {"enforce_eager": True, "env": {"VLLM_ENABLE_V1_MULTIPROCESSING": 0}}
     kw = vr.llm_kwargs(S(cfg), cell())
