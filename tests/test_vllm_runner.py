@@ -597,3 +597,17 @@ def test_sharing_refuses_a_different_target():
     vllm_share.hollow(_fake_llm(base))
     with pytest.raises(SpecdecError, match=r"cannot share target weights: '1.weight' has shape \(4, 4\)"):
         vllm_share.share(_fake_llm(base), _fake_llm(other))
+
+
+def test_paired_engines_share_the_target_when_only_kv_space_or_speculation_differ(monkeypatch):
+    from specdec.engines import vllm_share
+    calls = []
+    monkeypatch.setattr(vllm_share, "hollow", lambda llm: calls.append("hollow") or 5)
+    monkeypatch.setattr(vllm_share, "share", lambda base, sd: calls.append("share") or 5)
+    eng = vr.Engines(lambda **kw: types.SimpleNamespace(kw=kw))
+    base = {"model": "m/t", "dtype": "float32", "max_num_seqs": 32, "kv_cache_memory_bytes": 600}
+    sd = {**base, "kv_cache_memory_bytes": 900, "speculative_config": {"method": "draft_model", "model": "m/d"}}
+    assert eng.paired(base, sd, "c")[2] == 5 and calls == ["hollow", "share"]
+    eng.close()
+    calls.clear()
+    assert eng.paired(base, {**sd, "dtype": "bfloat16"}, "c")[2] == 0 and calls == []

@@ -442,6 +442,11 @@ def _measure_in_children(study: str, profile: str, groups: list, counts: dict, e
     return counts
 
 
+# The LLM arguments that decide what a target's weights are: engines equal in these load equal target weights
+# (their KV space, batch size or speculation may differ).
+WEIGHT_KEYS = ("model", "dtype", "quantization", "revision", "load_format", "hf_overrides")
+
+
 class Engines:
     """The vLLM engines of one measure run, at most two alive: the base engine (no speculation, kept for the
     whole run under pairing) and the engine of the current configuration. Keys are their LLM kwargs."""
@@ -467,8 +472,7 @@ class Engines:
         copy of the target in memory instead of two. Shared modules: 0 where nothing was shared."""
         base, base_key = self.get(base_kwargs, cell_id)
         key = json.dumps(kwargs, sort_keys=True, default=str)
-        same = ({k: v for k, v in kwargs.items() if k != "speculative_config"}
-                == {k: v for k, v in base_kwargs.items() if k != "speculative_config"})
+        same = all(kwargs.get(k) == base_kwargs.get(k) for k in WEIGHT_KEYS)
         fresh = key not in self.alive
         hollowed = fresh and same and vllm_share.hollow(base)
         sd, _ = self.get(kwargs, cell_id, keep=(base_key,))
