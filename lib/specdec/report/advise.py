@@ -268,10 +268,11 @@ def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int
         need = int(round(cell["decode_tokens"].sum() / cell["size"].sum()))
         measured = (base["decode_s"].sum() / base["decode_tokens"].sum()) / \
             (cell["decode_s"].sum() / cell["decode_tokens"].sum())
+        n_steps, n_base = cell["steps"].sum(min_count=1), base["steps"].sum(min_count=1)  # NaN where unknown
         row = {"run_id": run_id, "batch": bs, "k": k, "proposer": c["proposer"], "temperature": c["temperature"],
                "context": ctx, "decode_tokens_per_seq": need, "measured": measured,
-               "measured_steps": cell["steps"].mean(), "measured_step_s": cell["decode_s"].sum() / cell["steps"].sum(),
-               "measured_base_step_s": base["decode_s"].sum() / base["steps"].sum(),
+               "measured_steps": cell["steps"].mean(), "measured_step_s": cell["decode_s"].sum() / n_steps,
+               "measured_base_step_s": base["decode_s"].sum() / n_base,
                "predicted_step_s": float(costs.step_s(bs, k, ctx, c["proposer"])),
                "predicted_base_step_s": float(costs.step_s(bs, 0, ctx))}
         if acc is not None:
