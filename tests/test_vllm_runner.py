@@ -124,7 +124,8 @@ def test_a_static_batch_gets_kv_cache_for_all_its_sequences(cfg, tmp_path, monke
     # 2 (K and V) x layers x KV heads x head size x 4 bytes (fp32), target plus draft
     want = sum(2 * c["num_hidden_layers"] * c["num_key_value_heads"] * c["hidden_size"] // c["num_attention_heads"]
                * 4 for c in per)
-    assert want > 0 and vr.kv_bytes_per_token(kw["model"], "float32") < want
+    target_only = vr.llm_kwargs(st, cell(batch=4, k=0, proposer="none"), resolve=True)["kv_cache_memory_bytes"]
+    assert want > 0 and target_only < kw["kv_cache_memory_bytes"]
     need = int(4 * kw["max_model_len"] * want * vr.KV_HEADROOM)
     assert kw["kv_cache_memory_bytes"] == max(1 << 20, need)
     big = vr.llm_kwargs(st, cell(batch=4), resolve=True, max_num_seqs=64)["kv_cache_memory_bytes"]

@@ -167,41 +167,29 @@ def llm_kwargs(st: Study, cell: dict, resolve: bool = False, max_num_seqs: int |
     if spec is not None:
         kw["speculative_config"] = spec
     kw.update({key: val for key, val in st.vllm.items() if key != "env"})
-    if resolve and "kv_cache_memory_bytes" in kw:  # a static batch runs whole: room for all its sequences
-        kw["kv_cache_memory_bytes"] = max(int(kw["kv_cache_memory_bytes"]), kv_cache_need(kw))
+    # a static batch runs whole: room for all its sequences, sized when the engine is built (resolve) for the
+    # run's max_num_seqs, so engine_groups' key (unresolved, batch left out) does not split by batch size
+    if resolve and "kv_cache_memory_bytes" in kw:
+        kw["kv_cache_memory_bytes"] = max(int(kw["kv_cache_memory_bytes"]), kv_cache_need(st, kw))
     return kw
 
 
 KV_HEADROOM = 1.1  # over the exact need: vLLM pads to whole blocks and keeps k lookahead slots per sequence
-DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
 
-def kv_bytes_per_token(folder: str, dtype: str) -> int:
-    """Bytes of K and V one token takes over all layers of the model in a local folder (its config.json):
-    2 x layers x KV heads x head size x bytes per element; 0 where the folder or a field is missing."""
-    path = os.path.join(folder, "config.json") if os.path.isabs(folder) else ""
-    if not path or not os.path.isfile(path):
-        return 0
-    conf = json.loads(open(path).read())
-    conf = conf.get("text_config", conf)
-    try:
-        heads = conf["num_attention_heads"]
-        head = conf.get("head_dim") or conf["hidden_size"] // heads
-        auto = conf.get("dtype") or conf.get("torch_dtype") or "float32"
-        size = DTYPE_BYTES.get(str(dtype if dtype != "auto" else auto).replace("torch.", ""), 4)
-        return 2 * conf["num_hidden_layers"] * conf.get("num_key_value_heads", heads) * head * size
-    except KeyError:
-        return 0
-
-
-def kv_cache_need(kw: dict) -> int:
+def kv_cache_need(st: Study, kw: dict) -> int:
     """Bytes of KV cache for max_num_seqs sequences of max_model_len tokens of the target and, for a draft
-    model, the draft (KV_HEADROOM over the exact need); 0 where a model's shape is unknown (hub ids)."""
-    per_token = kv_bytes_per_token(kw["model"], kw.get("dtype", "auto"))
-    spec = kw.get("speculative_config") or {}
-    if spec.get("model"):
-        per_token += kv_bytes_per_token(spec["model"], kw.get("dtype", "auto"))
-    return int(kw["max_num_seqs"] * kw["max_model_len"] * per_token * KV_HEADROOM)
+    model, the draft (the pair registry's ModelSize.kv_elems_per_token x the dtype's bytes, KV_HEADROOM over the
+    exact need); 0 where the pair has no sizes or the dtype is not a torch dtype name (e.g. "auto")."""
+    import torch
+    sizes = models.pair_spec(st.pair).sizes
+    dtype = getattr(torch, str(kw.get("dtype")), None)
+    if sizes is None or not isinstance(dtype, torch.dtype):
+        return 0
+    elems = sizes[0].kv_elems_per_token
+    if (kw.get("speculative_config") or {}).get("model"):
+        elems += sizes[1].kv_elems_per_token
+    return int(kw["max_num_seqs"] * kw["max_model_len"] * elems * dtype.itemsize * KV_HEADROOM)
 
 
 def engine_env(st: Study) -> dict:
@@ -454,8 +442,12 @@ class Engines:
     def __init__(self, llm_cls):
         self.llm_cls, self.alive, self.shared = llm_cls, {}, 0
 
+    @staticmethod
+    def key(kwargs: dict) -> str:
+        return json.dumps(kwargs, sort_keys=True, default=str)
+
     def get(self, kwargs: dict, cell_id: str, keep: tuple = ()):
-        key = json.dumps(kwargs, sort_keys=True, default=str)
+        key = self.key(kwargs)
         if key not in self.alive:
             for old in [k for k in self.alive if k not in keep]:
                 _shutdown(self.alive.pop(old))
@@ -471,9 +463,8 @@ class Engines:
         are released before the SD engine starts and then read from the SD engine's copy (vllm_share.py): one
         copy of the target in memory instead of two. Shared modules: 0 where nothing was shared."""
         base, base_key = self.get(base_kwargs, cell_id)
-        key = json.dumps(kwargs, sort_keys=True, default=str)
         same = all(kwargs.get(k) == base_kwargs.get(k) for k in WEIGHT_KEYS)
-        fresh = key not in self.alive
+        fresh = self.key(kwargs) not in self.alive
         hollowed = fresh and same and vllm_share.hollow(base)
         sd, _ = self.get(kwargs, cell_id, keep=(base_key,))
         if fresh:
