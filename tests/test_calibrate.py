@@ -101,25 +101,27 @@ def test_validation_intervals_resample_costs_and_acceptance():
     assert "pred_lo" not in advise.validate("cpu")  # n_boot=0: no interval, no cost
 
 
-def _step_tables(slow: dict | None = None):
+def _step_tables(slow: dict | None = None, drift: dict | None = None):
     """Synthetic batch-study tables whose step times follow a known linear cost exactly (target
     1e-3 + 1e-4*tokens + 1e-7*kv_tokens s, draft 2e-4 + 1e-8*kv_tokens s per proposed token,
     independent of tokens: the model's first draft forward carries 2 tokens): k=0 cells at bs 1, 4,
     16 and paired draft-model SD cells at bs 1, 4, 16 with k 2 and 3; `slow` = {run_id: factor} plants a
-    structural error: that cell's SD steps take factor times the model's seconds."""
+    structural error: that cell's SD steps take factor times the model's seconds; `drift` = {run_id: factor}
+    plants a slow moment of the machine: both arms of that paired cell take factor times the model's seconds."""
     tgt = lambda tokens, kv: 1e-3 + 1e-4 * tokens + 1e-7 * kv
     dft = lambda tokens, kv: 2e-4 + 1e-8 * kv
     b, st, rq = [], [], []
     cells = [(bs, 0) for bs in (1, 4, 16)] + [(bs, k) for bs in (1, 4, 16) for k in (2, 3)]
     for bs, k in cells:
         rid = f"bs{bs}-k{k}-{'draft' if k else 'none'}-t0-test"
-        f = (slow or {}).get(rid, 1.0)
+        m = (drift or {}).get(rid, 1.0)
+        f = (slow or {}).get(rid, 1.0) * m
         for bi, width in enumerate((40, 80, 120)):
             ctx = width + 8 / 2
             common = {"run_id": rid, "repeat": 0, "batch_idx": bi, "k": k, "batch": bs, "size": bs,
                       "proposer": "draft" if k else "none", "engine": "torch", "pair": "p"}
             rq += [{**common, "prompt_tokens": width, "new_tokens": 8} for _ in range(bs)]
-            base_s = tgt(bs, bs * ctx)
+            base_s = tgt(bs, bs * ctx) * m
             if k:
                 verify, draft = tgt(bs * (k + 1), bs * ctx) * f, k * dft(bs, bs * ctx) * f
                 st += [{**common, "step": i, "verify_s": verify, "other_s": 0.0, "draft_s": draft} for i in range(3)]
@@ -147,6 +149,25 @@ def test_cross_validated_structural_error_recovers_a_planted_one(monkeypatch):
         else:
             assert costs.cv_log_err >= np.log(1.3) / np.sqrt(6) and "6 left-out" in costs.describe()
     assert costmodel.fit_steps("cpu", cal, cross_validate=False).cv_n == 0
+
+
+def test_a_calibration_cell_measured_in_a_slow_moment_is_scaled_by_its_own_no_sd_arm(monkeypatch):
+    """Issue 17 (the machine drifts): a paired calibration cell whose two arms both ran 1.6x slow bends an
+    unscaled fit; scaled by its own no-SD arm it fits like the rest. fit_steps picks the scaling by
+    cross-validation and says so; a machine that did not drift keeps the unscaled fit."""
+    cal = ["bs*-k*-draft-*"]
+    t = _step_tables(drift={"bs4-k3-draft-t0-test": 1.6, "bs16-k2-draft-t0-test": 1.6})
+    monkeypatch.setattr(costmodel.tables, "load", lambda profile, study, table: t[table])
+    plain = costmodel.fit_steps("cpu", cal, drift=False)
+    scaled = costmodel.fit_steps("cpu", cal, drift=True)
+    assert scaled.cv_log_err < plain.cv_log_err / 2 and plain.cv_log_err > 0.05
+    assert scaled.fits["target"].summary()["rel_rmse"] < plain.fits["target"].summary()["rel_rmse"]
+    chosen = costmodel.fit_steps("cpu", cal)
+    assert chosen.cv_log_err == pytest.approx(scaled.cv_log_err) and "scaled by their no-SD arm" in chosen.provenance
+    quiet = _step_tables()
+    monkeypatch.setattr(costmodel.tables, "load", lambda profile, study, table: quiet[table])
+    kept = costmodel.fit_steps("cpu", cal)
+    assert kept.cv_log_err == pytest.approx(0, abs=1e-6) and "scaled by" not in kept.provenance
 
 
 def test_vllm_decode_steps_and_step_split_from_its_per_call_figures():

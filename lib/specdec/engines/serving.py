@@ -171,7 +171,7 @@ class Arms:
         self.used: list = []
 
     def server(self, arm: str) -> Server:
-        other = [json.dumps(kw, sort_keys=True, default=str) for a, kw in self.kwargs.items() if a != arm]
+        other = [vllm_runner.engine_key(kw) for a, kw in self.kwargs.items() if a != arm]
         srv = self.servers.get(self.kwargs[arm], keep=tuple(other) if self.st.serving.side_by_side else ())
         if not getattr(srv, "warmed", False):
             warm(srv, self.st, self.cell, self.plist)
@@ -190,7 +190,7 @@ class Servers:
         self.logs = paths.build_root() / "serving-logs" / profile
 
     def get(self, kwargs: dict, keep: tuple = ()) -> Server:
-        key = json.dumps(kwargs, sort_keys=True, default=str)
+        key = vllm_runner.engine_key(kwargs)
         if key not in self.alive:
             for old in [k for k in self.alive if k not in keep]:
                 self.alive.pop(old).stop()
@@ -236,7 +236,7 @@ def measure(study: str, profile: str, limit: int | None = None, dry_run: bool = 
             for cell, folder, _ in pending]
     for _, _, kw, _ in runs:
         vllm_runner.check_model_folders(kw)
-    keys = [json.dumps(kw, sort_keys=True, default=str) for _, _, kw, _ in runs]
+    keys = [vllm_runner.engine_key(kw) for _, _, kw, _ in runs]
     order = sorted(range(len(runs)), key=lambda i: (keys.index(keys[i]), i))  # cells sharing a server together
     plist = vllm_runner._tokenized_prompts(st)
     versions = rawdata.versions()

@@ -406,7 +406,7 @@ def engine_groups(st: Study, pending: list) -> list[list]:
     groups: dict[str, list] = {}
     for item in pending:
         kw = {k: v for k, v in llm_kwargs(st, item[0]).items() if k != "max_num_seqs"}
-        groups.setdefault(json.dumps(kw, sort_keys=True, default=str), []).append(item)
+        groups.setdefault(engine_key(kw), []).append(item)
     return list(groups.values())
 
 
@@ -430,6 +430,11 @@ def _measure_in_children(study: str, profile: str, groups: list, counts: dict, e
     return counts
 
 
+def engine_key(kwargs: dict) -> str:
+    """One vLLM engine configuration (its LLM kwargs) as a string: equal kwargs, equal key."""
+    return json.dumps(kwargs, sort_keys=True, default=str)
+
+
 # The LLM arguments that decide what a target's weights are: engines equal in these load equal target weights
 # (their KV space, batch size or speculation may differ).
 WEIGHT_KEYS = ("model", "dtype", "quantization", "revision", "load_format", "hf_overrides")
@@ -442,9 +447,7 @@ class Engines:
     def __init__(self, llm_cls):
         self.llm_cls, self.alive, self.shared = llm_cls, {}, 0
 
-    @staticmethod
-    def key(kwargs: dict) -> str:
-        return json.dumps(kwargs, sort_keys=True, default=str)
+    key = staticmethod(engine_key)
 
     def get(self, kwargs: dict, cell_id: str, keep: tuple = ()):
         key = self.key(kwargs)

@@ -325,7 +325,7 @@ def matches(run_id: str, patterns) -> bool:
 
 
 def fit_steps(profile: str, calibration, pair: str | None = None, engine: str = "torch",
-              cross_validate: bool = True) -> CostModel:
+              cross_validate: bool = True, drift: bool | None = None) -> CostModel:
     """Costs fitted on the batch study's own decoding steps (end to end, as the paper's simulator fits profiled
     step times) instead of forward microbenchmarks: the target from every no-SD batch (its k=0 cells, or the
     interleaved no-SD arm of paired cells: seconds per step, 1 token) and from the verify + bookkeeping seconds
@@ -336,7 +336,13 @@ def fit_steps(profile: str, calibration, pair: str | None = None, engine: str = 
     With `cross_validate`, the model's own structural error is estimated inside the calibration set: each
     calibration cell in turn is left out (both its arms), the costs refitted on the rest, and the left-out cell's
     no-SD / SD step-time ratio predicted; `cv_log_err` is the rms of log(predicted / measured) over those cells
-    and `cv_n` their number (cells whose refit is impossible, e.g. the only draft-model cell, are skipped)."""
+    and `cv_n` their number (cells whose refit is impossible, e.g. the only draft-model cell, are skipped).
+
+    `drift`: whether a paired calibration cell's SD seconds are first scaled by its own no-SD arm, so that a cell
+    measured in a slow (or fast) moment of a drifting machine does not bend the fit: scale = the no-SD fit's
+    seconds per step for the base arm's batches / the base arm's measured seconds per step. None (the default)
+    fits both ways and keeps the one with the lower cross-validated error (a tie, or no cross-validation:
+    unscaled); the choice and both errors go into `provenance`."""
     b = tables.load(profile, "batch", "batches")
     st = tables.load(profile, "batch", "steps")
     rq = tables.load(profile, "batch", "requests")
@@ -346,13 +352,27 @@ def fit_steps(profile: str, calibration, pair: str | None = None, engine: str = 
         st = vllm_step_rows(b)
     pair = pair_name(pair) if pair else str(b["pair"].iloc[0])
     b, st, rq = (x[x["pair"] == pair] for x in (b, st, rq))
-    costs = _fit_steps(profile, calibration, pair, b, st, rq)
-    if cross_validate:
-        errs = [e for e in (_left_out_error(profile, calibration, pair, b, st, rq, rid)
-                            for rid in sorted(st.loc[_named(st, calibration), "run_id"].unique())) if e is not None]
-        if errs:
-            costs = replace(costs, cv_log_err=float(np.sqrt(np.mean(np.square(errs)))), cv_n=len(errs))
-    return costs
+    ways = [False, True] if drift is None and cross_validate else [bool(drift)]
+    fits = []
+    for scaled in ways:
+        costs = _fit_steps(profile, calibration, pair, b, st, rq, scaled)
+        if cross_validate:
+            errs = [e for e in (_left_out_error(profile, calibration, pair, b, st, rq, rid, scaled)
+                                for rid in sorted(st.loc[_named(st, calibration), "run_id"].unique()))
+                    if e is not None]
+            if errs:
+                costs = replace(costs, cv_log_err=float(np.sqrt(np.mean(np.square(errs)))), cv_n=len(errs))
+        fits.append(costs)
+    if len(fits) == 1:
+        return fits[0]
+    plain, scaled = fits
+    if plain.cv_n and scaled.cv_n and scaled.cv_log_err < plain.cv_log_err - 1e-9:
+        return replace(scaled, provenance=scaled.provenance + f"; calibration cells scaled by their no-SD arm "
+                       f"(drift), chosen by cross-validation ({scaled.cv_log_err:.1%} against {plain.cv_log_err:.1%})")
+    if plain.cv_n and scaled.cv_n:
+        return replace(plain, provenance=plain.provenance + f"; calibration cells unscaled, chosen by "
+                       f"cross-validation ({plain.cv_log_err:.1%} against {scaled.cv_log_err:.1%} scaled)")
+    return plain
 
 
 def decode_steps(b: pd.DataFrame) -> pd.DataFrame:
@@ -402,18 +422,35 @@ def _contexts(rq: pd.DataFrame) -> dict:
             for key, g in rq.groupby(["run_id", "repeat", "batch_idx"])}
 
 
-def _fit_steps(profile, calibration, pair, b, st, rq) -> CostModel:
+def _drift_scales(no_sd: LinearCost, base: pd.DataFrame, ctx: dict, run_ids) -> dict:
+    """Per paired run id: the no-SD fit's seconds per step for its base arm's batches / the measured ones
+    (1 where the run has no base arm). A cell measured while the machine ran 1.5x slow gets ~0.67."""
+    out = {}
+    for rid in run_ids:
+        arm = base[(base["run_id"] == rid) & (base["arm"] == "base") & (base["steps"] > 0)]
+        c = [ctx.get((r.run_id, r.repeat, r.batch_idx), np.nan) for r in arm.itertuples()]
+        predicted = np.asarray(no_sd.seconds(arm["size"].to_numpy(float), 1, np.asarray(c, float))) * arm["steps"].to_numpy(float)
+        ok = np.isfinite(predicted)
+        out[rid] = (float(predicted[ok].sum() / arm["decode_s"].to_numpy(float)[ok].sum())
+                    if ok.any() and arm["decode_s"].to_numpy(float)[ok].sum() > 0 else 1.0)
+    return out
+
+
+def _fit_steps(profile, calibration, pair, b, st, rq, drift: bool = False) -> CostModel:
     ctx = _contexts(rq)
     base = b[(b["arm"] == "base") | (b["k"] == 0)]
     tgt = [{"batch": r.size, "query": 1, "context": ctx.get((r.run_id, r.repeat, r.batch_idx), np.nan),
             "seconds": r.decode_s / r.steps} for r in base.itertuples() if r.steps > 0]
     cal = st[_named(st, calibration)]
+    scale = (_drift_scales(fit_linear(pd.DataFrame(tgt).dropna()).cost, base, ctx, cal["run_id"].unique())
+             if drift and cal.size else {})
     draft, ngram = [], []
     for (rid, rep, bi, k, prop, bs), g in cal.groupby(["run_id", "repeat", "batch_idx", "k", "proposer", "batch"]):
-        c = ctx.get((rid, rep, bi), np.nan)
-        tgt.append({"batch": bs, "query": k + 1, "context": c, "seconds": float((g["verify_s"] + g["other_s"]).median())})
+        c, f = ctx.get((rid, rep, bi), np.nan), scale.get(rid, 1.0)
+        tgt.append({"batch": bs, "query": k + 1, "context": c,
+                    "seconds": f * float((g["verify_s"] + g["other_s"]).median())})
         if prop == "draft":
-            draft.append({"batch": bs, "query": 1, "context": c, "seconds": float(g["draft_s"].median()) / k})
+            draft.append({"batch": bs, "query": 1, "context": c, "seconds": f * float(g["draft_s"].median()) / k})
         elif prop == "ngram":
             ngram.append(float((g["draft_s"] / g["verify_s"]).median()))
     tgt = pd.DataFrame(tgt).dropna()
@@ -426,7 +463,7 @@ def _fit_steps(profile, calibration, pair, b, st, rq) -> CostModel:
                                 f"{cal['run_id'].nunique()} calibration cell(s) ({', '.join(calibration)})")
 
 
-def _left_out_error(profile, calibration, pair, b, st, rq, run_id) -> float | None:
+def _left_out_error(profile, calibration, pair, b, st, rq, run_id, drift: bool = False) -> float | None:
     """log(predicted / measured) no-SD-to-SD step-time ratio of calibration cell `run_id`, its costs refitted
     without it; None where the refit or the cell's no-SD reference is missing."""
     cell = b[(b["run_id"] == run_id) & (b["arm"] == "cell")]
@@ -437,7 +474,7 @@ def _left_out_error(profile, calibration, pair, b, st, rq, run_id) -> float | No
         return None
     keep = [x[x["run_id"] != run_id] for x in (b, st, rq)]
     try:
-        costs = _fit_steps(profile, calibration, pair, *keep)
+        costs = _fit_steps(profile, calibration, pair, *keep, drift)
     except SpecdecError:
         return None
     c = cell.iloc[0]
