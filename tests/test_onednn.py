@@ -1,6 +1,7 @@
 """The torch engine's oneDNN Linear path (config `torch: {linear: onednn}`): same outputs, same SD guarantees."""
 import shutil
 
+import pandas as pd
 import pytest
 import torch
 
@@ -133,3 +134,21 @@ def test_a_study_without_a_vllm_section_takes_the_profiles_for_vllm_only():
     torch_runs = [m for _, m in runs if m.get("engine", "torch") == "torch"]
     assert torch_runs and all(m["config_sha256"] == config.config_hash(acc, "torch") for m in torch_runs)
     assert all(m["config_sha256"] == config.config_hash(acc, "vllm") for _, m in runs if m.get("engine") == "vllm")
+
+
+def test_step_profile_splits_a_decode_step_by_operator_family(tmp_path):
+    """stepprofile (issue 17 item 7): one decode step of the tiny target, profiled per operator family: the
+    Linears and the cache append are found, the shares add up to 1, and the CSV is written; the cache append
+    copies every layer's whole cache, so its seconds grow with the context (8 vs 512 KV tokens)."""
+    from specdec.engines import stepprofile
+
+    out = tmp_path / "p.csv"
+    stepprofile.main(["--pair", "tiny", "--batch", "2", "--context", "8", "--linear", "onednn", "--out", str(out)])
+    df = pd.read_csv(out)
+    assert {"linear", "kv append (cat)"} <= set(df["family"]) and (df["seconds"] > 0).all()
+    assert df["share"].sum() == pytest.approx(1.0) and (df["step_s"] > 0).all()
+    assert stepprofile.family("mkldnn::_linear_pointwise") == "linear" and stepprofile.family("aten::relu") == "other"
+    model = load_pair("tiny", torch.float32, with_draft=False).target.eval()
+    small, big = (stepprofile.profile_step(model, 8, c).set_index("family").loc["kv append (cat)", "seconds"]
+                  for c in (8, 2048))
+    assert big > small

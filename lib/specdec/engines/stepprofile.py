@@ -1,0 +1,96 @@
+"""Where one no-SD decode step of a target model spends its seconds, by operator family (torch.profiler, CPU).
+
+A diagnosis for the torch engine's batched decoding (issue 17 item 7), not a study: one forward of `batch`
+sequences, 1 new token each, over a `context`-token cache built by one prefill and repeated along the batch.
+The cache is transformers' DynamicCache, the class the engine's KVState wraps: each step appends the new
+token's K and V with torch.cat, copying every layer's whole cache (bytes per step ~ batch * context). The
+engine's masks with holes are not reproduced (all slots valid), so attention here may take a faster path.
+
+    python -m specdec.engines.stepprofile --pair qwen2.5-coder-1.5b/0.5b --batch 16 32 64 --context 256 \
+        --out build/cpu/stepprofile.csv
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import pandas as pd
+
+# operator-name fragments per family; anything else is "other"
+FAMILIES = {"linear": ("linear", "addmm", "aten::mm", "matmul"), "kv append (cat)": ("aten::cat",),
+            "attention": ("scaled_dot_product", "bmm", "softmax")}
+
+
+def family(name: str) -> str:
+    """The family of a profiler operator name."""
+    for fam, parts in FAMILIES.items():
+        if any(p in name for p in parts):
+            return fam
+    return "other"
+
+
+def profile_step(model, batch: int, context: int, repeats: int = 3) -> pd.DataFrame:
+    """Per family: self CPU seconds of one decode step (median over `repeats` profiled steps), its share of
+    the step's self CPU time, and the step's wall seconds (unprofiled, median). Columns: batch, context,
+    family, seconds [s], share, step_s [s]."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import DynamicCache
+
+    gen = torch.Generator().manual_seed(0)
+    vocab = int(model.config.vocab_size)
+    prompt = torch.randint(0, vocab, (1, context), generator=gen)
+    x = torch.randint(0, vocab, (batch, 1), generator=gen)
+    mask = torch.ones(batch, context + 1, dtype=torch.long)
+    rows, walls = [], []
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        model(prompt, past_key_values=cache, use_cache=True)
+        cache.batch_repeat_interleave(batch)
+
+        def step():
+            model(x, attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            cache.crop(-1)  # drop the appended token again: every step sees `context` tokens
+
+        step()  # warm-up
+        for _ in range(repeats):
+            t = time.perf_counter()
+            step()
+            walls.append(time.perf_counter() - t)
+            with profile(activities=[ProfilerActivity.CPU]) as p:
+                step()
+            fam = {}
+            for ev in p.key_averages():
+                fam[family(ev.key)] = fam.get(family(ev.key), 0.0) + ev.self_cpu_time_total / 1e6
+            rows += [{"family": f, "seconds": s} for f, s in fam.items()]
+    df = pd.DataFrame(rows).groupby("family", as_index=False)["seconds"].median()
+    df["share"] = df["seconds"] / df["seconds"].sum()
+    return df.assign(batch=batch, context=context, step_s=float(pd.Series(walls).median()))[
+        ["batch", "context", "family", "seconds", "share", "step_s"]]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pair", default="qwen2.5-coder-1.5b/0.5b")
+    ap.add_argument("--batch", type=int, nargs="+", default=[16, 32, 64])
+    ap.add_argument("--context", type=int, default=256, help="KV tokens per sequence")
+    ap.add_argument("--linear", default="onednn", help="dense or onednn (the cpu batch study's path)")
+    ap.add_argument("--out", default=None, help="CSV to write (default: print only)")
+    a = ap.parse_args(argv)
+    import torch
+
+    from ..data import models
+    from . import onednn
+
+    model = models.load_pair(a.pair, dtype=torch.float32, with_draft=False).target.eval()
+    onednn.apply(model, a.linear)
+    out = pd.concat([profile_step(model, b, a.context) for b in a.batch], ignore_index=True)
+    print(out.to_string(index=False))
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        out.to_csv(a.out, index=False)
+
+
+if __name__ == "__main__":
+    main()
