@@ -137,16 +137,19 @@ def test_a_study_without_a_vllm_section_takes_the_profiles_for_vllm_only():
 
 
 def test_step_profile_splits_a_decode_step_by_operator_family(tmp_path):
-    """stepprofile (issue 17 item 7): one decode step of the tiny target, profiled per operator family: the
-    Linears and the cache append are found, the shares add up to 1, and the CSV is written; the cache append
-    copies every layer's whole cache, so its seconds grow with the context (8 vs 512 KV tokens)."""
+    """stepprofile (issue 17 item 7): a bare decode forward of the tiny target and the engine's own decode steps,
+    each profiled per operator family: the Linears and attention are found, each part's shares add up to 1, and
+    the CSV is written; the cache append copies every layer's whole cache, so its seconds grow with the context
+    (8 vs 2048 KV tokens)."""
     from specdec.engines import stepprofile
 
     out = tmp_path / "p.csv"
     stepprofile.main(["--pair", "tiny", "--batch", "2", "--context", "8", "--linear", "onednn", "--out", str(out)])
     df = pd.read_csv(out)
-    assert {"linear", "kv append (cat)"} <= set(df["family"]) and (df["seconds"] > 0).all()
-    assert df["share"].sum() == pytest.approx(1.0) and (df["step_s"] > 0).all()
+    assert set(df["what"]) == {"bare forward", "engine decode"}
+    for _, part in df.groupby("what"):
+        assert {"linear", "attention"} <= set(part["family"]) and (part["seconds"] > 0).all()
+        assert part["share"].sum() == pytest.approx(1.0) and (part["step_s"] > 0).all()
     assert stepprofile.family("mkldnn::_linear_pointwise") == "linear" and stepprofile.family("aten::relu") == "other"
     model = load_pair("tiny", torch.float32, with_draft=False).target.eval()
     small, big = (stepprofile.profile_step(model, 8, c).set_index("family").loc["kv append (cat)", "seconds"]

@@ -4,7 +4,8 @@ A diagnosis for the torch engine's batched decoding (issue 17 item 7), not a stu
 sequences, 1 new token each, over a `context`-token cache built by one prefill and repeated along the batch.
 The cache is transformers' DynamicCache, the class the engine's KVState wraps: each step appends the new
 token's K and V with torch.cat, copying every layer's whole cache (bytes per step ~ batch * context). The
-engine's masks with holes are not reproduced (all slots valid), so attention here may take a faster path.
+engine's masks with holes are not reproduced (all slots valid), so attention here may take a faster path;
+profile_engine runs the engine's own decode steps on the same shapes, to tell the two apart.
 
     python -m specdec.engines.stepprofile --pair qwen2.5-coder-1.5b/0.5b --batch 16 32 64 --context 256 \
         --out build/cpu/stepprofile.csv
@@ -60,12 +61,42 @@ def profile_step(model, batch: int, context: int, repeats: int = 3) -> pd.DataFr
             walls.append(time.perf_counter() - t)
             with profile(activities=[ProfilerActivity.CPU]) as p:
                 step()
-            fam = {}
-            for ev in p.key_averages():
-                fam[family(ev.key)] = fam.get(family(ev.key), 0.0) + ev.self_cpu_time_total / 1e6
-            rows += [{"family": f, "seconds": s} for f, s in fam.items()]
+            rows += [{"family": f, "seconds": s} for f, s in _families(p).items()]
     df = pd.DataFrame(rows).groupby("family", as_index=False)["seconds"].median()
     df["share"] = df["seconds"] / df["seconds"].sum()
+    return df.assign(batch=batch, context=context, step_s=float(pd.Series(walls).median()))[
+        ["batch", "context", "family", "seconds", "share", "step_s"]]
+
+
+def _families(prof) -> dict:
+    fam = {}
+    for ev in prof.key_averages():
+        fam[family(ev.key)] = fam.get(family(ev.key), 0.0) + ev.self_cpu_time_total / 1e6
+    return fam
+
+
+def profile_engine(model, batch: int, context: int, new_tokens: int = 6) -> pd.DataFrame:
+    """The same split for the torch engine's own no-SD decode steps (engine.decode after engine.prefill, k=0):
+    `batch` random prompts of `context` tokens (no padding), `new_tokens` each; seconds per decode step are the
+    profiled decode's family seconds / its steps; step_s is the engine's own step timing, taken while profiled
+    (the profiler adds its overhead). Same columns as profile_step."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from .engine import GenConfig, decode, prefill
+
+    gen = torch.Generator().manual_seed(0)
+    vocab = int(model.config.vocab_size)
+    prompts = torch.randint(0, vocab, (batch, context), generator=gen).tolist()
+    cfg = GenConfig(k=0, proposer="none", max_new_tokens=new_tokens, ignore_eos=True)
+    with torch.no_grad():
+        eng, _ = prefill(model, None, prompts, cfg)
+        with profile(activities=[ProfilerActivity.CPU]) as p:
+            decode(eng)
+    steps = max(len(eng.steps), 1)
+    df = pd.DataFrame([{"family": f, "seconds": s / steps} for f, s in _families(p).items()])
+    df["share"] = df["seconds"] / df["seconds"].sum()
+    walls = [st["draft_s"] + st["verify_s"] + st["other_s"] for st in eng.steps] or [float("nan")]
     return df.assign(batch=batch, context=context, step_s=float(pd.Series(walls).median()))[
         ["batch", "context", "family", "seconds", "share", "step_s"]]
 
@@ -76,6 +107,8 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[16, 32, 64])
     ap.add_argument("--context", type=int, default=256, help="KV tokens per sequence")
     ap.add_argument("--linear", default="onednn", help="dense or onednn (the cpu batch study's path)")
+    ap.add_argument("--what", nargs="+", default=["bare forward", "engine decode"],
+                    help="'bare forward' (profile_step) and/or 'engine decode' (profile_engine)")
     ap.add_argument("--out", default=None, help="CSV to write (default: print only)")
     a = ap.parse_args(argv)
     import torch
@@ -85,7 +118,9 @@ def main(argv=None) -> None:
 
     model = models.load_pair(a.pair, dtype=torch.float32, with_draft=False).target.eval()
     onednn.apply(model, a.linear)
-    out = pd.concat([profile_step(model, b, a.context) for b in a.batch], ignore_index=True)
+    out = pd.concat([f(model, b, a.context).assign(what=what) for b in a.batch
+                     for what, f in (("bare forward", profile_step), ("engine decode", profile_engine))
+                     if what in a.what], ignore_index=True)
     print(out.to_string(index=False))
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
