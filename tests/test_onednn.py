@@ -155,3 +155,12 @@ def test_step_profile_splits_a_decode_step_by_operator_family(tmp_path):
     small, big = (stepprofile.profile_step(model, 8, c).set_index("family").loc["kv append (cat)", "seconds"]
                   for c in (8, 2048))
     assert big > small
+
+
+def test_masked_attention_with_enable_gqa_equals_repeated_kv():
+    """stepprofile.gqa_attention: torch's sdpa with enable_gqa and an explicit mask gives what transformers'
+    repeat_kv path gives (the engine's masks with holes), so the engine could skip the copy; both timed."""
+    from specdec.engines import stepprofile
+
+    got = stepprofile.gqa_attention(batch=3, heads=4, kv_heads=2, context=40, head_dim=16, layers=2, repeats=1)
+    assert got["same"] is True and got["repeat_kv_s"] > 0 and got["enable_gqa_s"] > 0

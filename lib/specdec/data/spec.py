@@ -145,19 +145,26 @@ class Slo:
 
 
 LINEAR_PATHS = ("dense", "onednn")  # onednn.py
+ATTENTION_PATHS = ("sdpa", "gqa")  # attention.py
 
 
 @dataclass(frozen=True)
 class TorchEngine:
     """The torch engine's own settings (config section `torch`; left out of vLLM runs' config hash).
 
-    linear: "dense" (torch's default matmul path) or "onednn" (fp32 weights pre-packed for oneDNN, CPU only)."""
+    linear: "dense" (torch's default matmul path) or "onednn" (fp32 weights pre-packed for oneDNN, CPU only).
+    attention: "sdpa" (transformers' sdpa path, which copies K/V out to every query head when given a mask) or
+    "gqa" (torch's sdpa reads the KV heads in place: engines/attention.py)."""
 
     linear: str = "dense"
+    attention: str = "sdpa"
 
     def __post_init__(self):
         if self.linear not in LINEAR_PATHS:
             raise SpecdecError(f"torch.linear must be one of {', '.join(LINEAR_PATHS)}, got '{self.linear}'")
+        if self.attention not in ATTENTION_PATHS:
+            raise SpecdecError(f"torch.attention must be one of {', '.join(ATTENTION_PATHS)}, "
+                               f"got '{self.attention}'")
 
 
 @dataclass(frozen=True)

@@ -42,10 +42,11 @@ class ModelCache:
 
     quant "none" is the config's own regime: target in `dtype`, draft in `draft_dtype` quantized by
     `draft_quant` (e.g. a bf16 target with an int8 draft); another quant applies to both models.
-    linear "onednn" packs the regime's fp32 Linear layers for oneDNN (onednn.py; an int8 draft keeps its own)."""
+    linear "onednn" packs the regime's fp32 Linear layers for oneDNN (onednn.py; an int8 draft keeps its own);
+    attention "gqa" lets torch's sdpa read the KV heads in place (attention.py)."""
 
     def __init__(self, pair_name: str, dtype: str, device: str, draft_dtype: str | None = None,
-                 draft_quant: str = "none", linear: str = "dense"):
+                 draft_quant: str = "none", linear: str = "dense", attention: str = "sdpa"):
         self.pair = models.load_pair(pair_name, dtype=getattr(torch, dtype), device=device,
                                      draft_dtype=getattr(torch, draft_dtype or dtype))
         self.linear = linear
@@ -58,7 +59,11 @@ class ModelCache:
                 if why:
                     raise SpecdecError(f"torch.linear: {linear}: {why}")
                 onednn.apply(model, linear)
+        from . import attention as attn
+        for model in (target, draft):
+            attn.apply(model, attention)
         self.variants = {"none": (target, draft)}
+        self.attention = attention
         self.dtype, self.device, self._eagle, self._offload = dtype, device, None, None
 
     def eagle(self):
@@ -67,7 +72,8 @@ class ModelCache:
             src = self.pair.spec.eagle
             if src is None:
                 raise SpecdecError(f"pair '{self.pair.spec.name}' has no EAGLE-sized head (proposer eagle)")
-            self._eagle = models.load_model(src, getattr(torch, self.dtype), self.device)
+            from . import attention as attn
+            self._eagle = attn.apply(models.load_model(src, getattr(torch, self.dtype), self.device), self.attention)
         return self._eagle
 
     def offloaded(self):
@@ -375,7 +381,8 @@ def measure(study: str, profile: str, limit: int | None = None, dry_run: bool = 
     if any(c.get("proposer") == "eagle" for c, _, _ in pending) and models.pair_spec(st.pair).eagle is None:
         raise SpecdecError(f"pair '{st.pair}' has no EAGLE-sized head: its torch engine cannot run proposer eagle")
     device = hardware.device_for(hw)
-    mc = ModelCache(st.pair, st.dtype or "float32", device, st.draft_dtype, st.draft_quant, st.torch.linear)
+    mc = ModelCache(st.pair, st.dtype or "float32", device, st.draft_dtype, st.draft_quant, st.torch.linear,
+                    st.torch.attention)
     tok = mc.pair.tokenizer
     plists = {}
     on_cpu = str(device) == "cpu"  # the probe reads host memory: it says nothing of a GPU's timings

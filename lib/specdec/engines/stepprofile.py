@@ -101,23 +101,66 @@ def profile_engine(model, batch: int, context: int, new_tokens: int = 6) -> pd.D
         ["batch", "context", "family", "seconds", "share", "step_s"]]
 
 
+def gqa_attention(batch: int, heads: int, kv_heads: int, context: int, head_dim: int, layers: int,
+                  repeats: int = 3) -> dict:
+    """One decode step's attention over all `layers`, two ways, with an explicit boolean mask (as the engine
+    passes): K and V repeated out to every query head first (what transformers' sdpa path does whenever a mask
+    is given: repeat_kv) and torch's sdpa with enable_gqa (the KV heads read in place). Returns the median
+    seconds per step of each ("repeat_kv_s", "enable_gqa_s") and whether their outputs agree ("same")."""
+    import torch
+    import torch.nn.functional as F
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(batch, heads, 1, head_dim, generator=gen)
+    k, v = (torch.randn(batch, kv_heads, context, head_dim, generator=gen) for _ in range(2))
+    mask = torch.ones(batch, 1, 1, context, dtype=torch.bool)
+    mask[:, :, :, : context // 8] = False  # holes, as rejected or padded slots
+    groups = heads // kv_heads
+
+    def rep(x):
+        return x[:, :, None].expand(batch, kv_heads, groups, context, head_dim).reshape(batch, heads, context, head_dim)
+
+    ways = {"repeat_kv_s": lambda: F.scaled_dot_product_attention(q, rep(k), rep(v), attn_mask=mask),
+            "enable_gqa_s": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)}
+    out = {"same": bool(torch.allclose(ways["repeat_kv_s"](), ways["enable_gqa_s"](), atol=1e-5))}
+    times = {name: [] for name in ways}
+    for _ in range(repeats):
+        for name, f in ways.items():  # interleaved
+            t = time.perf_counter()
+            for _ in range(layers):
+                f()
+            times[name].append(time.perf_counter() - t)
+    return out | {name: float(pd.Series(t).median()) for name, t in times.items()}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pair", default="qwen2.5-coder-1.5b/0.5b")
     ap.add_argument("--batch", type=int, nargs="+", default=[16, 32, 64])
     ap.add_argument("--context", type=int, default=256, help="KV tokens per sequence")
     ap.add_argument("--linear", default="onednn", help="dense or onednn (the cpu batch study's path)")
+    ap.add_argument("--attention", default="sdpa", help="sdpa or gqa (engines/attention.py)")
     ap.add_argument("--what", nargs="+", default=["bare forward", "engine decode"],
                     help="'bare forward' (profile_step) and/or 'engine decode' (profile_engine)")
+    ap.add_argument("--gqa", type=int, nargs=4, metavar=("HEADS", "KV_HEADS", "HEAD_DIM", "LAYERS"),
+                    help="only time attention with a mask, repeat_kv vs enable_gqa (gqa_attention), for this shape "
+                         "(Qwen2.5-1.5B: 12 2 128 28)")
     ap.add_argument("--out", default=None, help="CSV to write (default: print only)")
     a = ap.parse_args(argv)
     import torch
 
     from ..data import models
-    from . import onednn
+    from . import attention, onednn
+
+    if a.gqa:
+        heads, kv_heads, head_dim, layers = a.gqa
+        for b in a.batch:
+            print(f"bs {b}:", gqa_attention(b, heads, kv_heads, a.context, head_dim, layers))
+        return
 
     model = models.load_pair(a.pair, dtype=torch.float32, with_draft=False).target.eval()
     onednn.apply(model, a.linear)
+    attention.apply(model, a.attention)
     out = pd.concat([f(model, b, a.context).assign(what=what) for b in a.batch
                      for what, f in (("bare forward", profile_step), ("engine decode", profile_engine))
                      if what in a.what], ignore_index=True)
