@@ -4,8 +4,11 @@ A diagnosis for the torch engine's batched decoding (issue 17 item 7), not a stu
 sequences, 1 new token each, over a `context`-token cache built by one prefill and repeated along the batch.
 The cache is transformers' DynamicCache, the class the engine's KVState wraps: each step appends the new
 token's K and V with torch.cat, copying every layer's whole cache (bytes per step ~ batch * context). The
-engine's masks with holes are not reproduced (all slots valid), so attention here may take a faster path;
-profile_engine runs the engine's own decode steps on the same shapes, to tell the two apart.
+engine's masks with holes are not reproduced (all slots valid: transformers drops the all-ones mask, and its
+sdpa path then reads the KV heads in place), so attention here takes a faster path than the engine's;
+profile_engine runs the engine's own decode steps on the same shapes, to tell the two apart (with an explicit
+mask transformers copies K and V out to every query head: its copy shows as "other"), and gqa_attention times
+that copy against torch's sdpa with enable_gqa (the engine's `torch: {attention: gqa}`, attention.py).
 
     python -m specdec.engines.stepprofile --pair qwen2.5-coder-1.5b/0.5b --batch 16 32 64 --context 256 \
         --out build/cpu/stepprofile.csv
