@@ -429,10 +429,10 @@ def _drift_scales(no_sd: LinearCost, base: pd.DataFrame, ctx: dict, run_ids) -> 
     for rid in run_ids:
         arm = base[(base["run_id"] == rid) & (base["arm"] == "base") & (base["steps"] > 0)]
         c = [ctx.get((r.run_id, r.repeat, r.batch_idx), np.nan) for r in arm.itertuples()]
-        predicted = np.asarray(no_sd.seconds(arm["size"].to_numpy(float), 1, np.asarray(c, float))) * arm["steps"].to_numpy(float)
+        per_step = np.asarray(no_sd.seconds(arm["size"].to_numpy(float), 1, np.asarray(c, float)))
+        predicted, measured = per_step * arm["steps"].to_numpy(float), arm["decode_s"].to_numpy(float)
         ok = np.isfinite(predicted)
-        out[rid] = (float(predicted[ok].sum() / arm["decode_s"].to_numpy(float)[ok].sum())
-                    if ok.any() and arm["decode_s"].to_numpy(float)[ok].sum() > 0 else 1.0)
+        out[rid] = float(predicted[ok].sum() / measured[ok].sum()) if ok.any() and measured[ok].sum() > 0 else 1.0
     return out
 
 
