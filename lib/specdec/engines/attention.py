@@ -23,8 +23,6 @@ def sdpa_gqa(module, query, key, value, attention_mask, dropout: float = 0.0, sc
     groups = getattr(module, "num_key_value_groups", 1)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(query.shape[2] > 1 and attention_mask is None and causal)
-    if attention_mask is not None and attention_mask.ndim == 4:
-        attention_mask = attention_mask[:, :, :, : key.shape[-2]]
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal,
         enable_gqa=groups > 1)

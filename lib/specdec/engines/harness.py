@@ -14,6 +14,7 @@ from ..data import config as cfgmod
 from ..data import hardware, models, prompts, rawdata, traces
 from ..data.spec import PROPOSERS, Cell, Study
 from ..errors import SpecdecError
+from . import attention as attn
 from . import pairing, probe
 from .engine import GenConfig, Sequence, SpecEngine, decode, generate, prefill
 from .plan import plan
@@ -59,7 +60,6 @@ class ModelCache:
                 if why:
                     raise SpecdecError(f"torch.linear: {linear}: {why}")
                 onednn.apply(model, linear)
-        from . import attention as attn
         for model in (target, draft):
             attn.apply(model, attention)
         self.variants = {"none": (target, draft)}
@@ -72,7 +72,6 @@ class ModelCache:
             src = self.pair.spec.eagle
             if src is None:
                 raise SpecdecError(f"pair '{self.pair.spec.name}' has no EAGLE-sized head (proposer eagle)")
-            from . import attention as attn
             self._eagle = attn.apply(models.load_model(src, getattr(torch, self.dtype), self.device), self.attention)
         return self._eagle
 

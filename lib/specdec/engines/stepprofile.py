@@ -65,17 +65,22 @@ def profile_step(model, batch: int, context: int, repeats: int = 3) -> pd.DataFr
             with profile(activities=[ProfilerActivity.CPU]) as p:
                 step()
             rows += [{"family": f, "seconds": s} for f, s in _families(p).items()]
-    df = pd.DataFrame(rows).groupby("family", as_index=False)["seconds"].median()
-    df["share"] = df["seconds"] / df["seconds"].sum()
-    return df.assign(batch=batch, context=context, step_s=float(pd.Series(walls).median()))[
-        ["batch", "context", "family", "seconds", "share", "step_s"]]
+    return _frame(pd.DataFrame(rows).groupby("family", as_index=False)["seconds"].median(), batch, context, walls)
 
 
 def _families(prof) -> dict:
+    """Self CPU seconds per family of one profile."""
     fam = {}
     for ev in prof.key_averages():
         fam[family(ev.key)] = fam.get(family(ev.key), 0.0) + ev.self_cpu_time_total / 1e6
     return fam
+
+
+def _frame(df: pd.DataFrame, batch: int, context: int, walls: list) -> pd.DataFrame:
+    """The profile table: family seconds per step, their shares, and the median wall seconds of a step."""
+    df = df.assign(share=df["seconds"] / df["seconds"].sum())
+    return df.assign(batch=batch, context=context, step_s=float(pd.Series(walls).median()))[
+        ["batch", "context", "family", "seconds", "share", "step_s"]]
 
 
 def profile_engine(model, batch: int, context: int, new_tokens: int = 6) -> pd.DataFrame:
@@ -97,11 +102,9 @@ def profile_engine(model, batch: int, context: int, new_tokens: int = 6) -> pd.D
         with profile(activities=[ProfilerActivity.CPU]) as p:
             decode(eng)
     steps = max(len(eng.steps), 1)
-    df = pd.DataFrame([{"family": f, "seconds": s / steps} for f, s in _families(p).items()])
-    df["share"] = df["seconds"] / df["seconds"].sum()
     walls = [st["draft_s"] + st["verify_s"] + st["other_s"] for st in eng.steps] or [float("nan")]
-    return df.assign(batch=batch, context=context, step_s=float(pd.Series(walls).median()))[
-        ["batch", "context", "family", "seconds", "share", "step_s"]]
+    return _frame(pd.DataFrame([{"family": f, "seconds": s / steps} for f, s in _families(p).items()]),
+                  batch, context, walls)
 
 
 def gqa_attention(batch: int, heads: int, kv_heads: int, context: int, head_dim: int, layers: int,
@@ -112,6 +115,7 @@ def gqa_attention(batch: int, heads: int, kv_heads: int, context: int, head_dim:
     seconds per step of each ("repeat_kv_s", "enable_gqa_s") and whether their outputs agree ("same")."""
     import torch
     import torch.nn.functional as F
+    from transformers.integrations.sdpa_attention import repeat_kv
 
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(batch, heads, 1, head_dim, generator=gen)
@@ -119,11 +123,8 @@ def gqa_attention(batch: int, heads: int, kv_heads: int, context: int, head_dim:
     mask = torch.ones(batch, 1, 1, context, dtype=torch.bool)
     mask[:, :, :, : context // 8] = False  # holes, as rejected or padded slots
     groups = heads // kv_heads
-
-    def rep(x):
-        return x[:, :, None].expand(batch, kv_heads, groups, context, head_dim).reshape(batch, heads, context, head_dim)
-
-    ways = {"repeat_kv_s": lambda: F.scaled_dot_product_attention(q, rep(k), rep(v), attn_mask=mask),
+    ways = {"repeat_kv_s": lambda: F.scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups),
+                                                                  attn_mask=mask),
             "enable_gqa_s": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)}
     out = {"same": bool(torch.allclose(ways["repeat_kv_s"](), ways["enable_gqa_s"](), atol=1e-5))}
     times = {name: [] for name in ways}

@@ -442,15 +442,13 @@ WEIGHT_KEYS = ("model", "dtype", "quantization", "revision", "load_format", "hf_
 
 class Engines:
     """The vLLM engines of one measure run, at most two alive: the base engine (no speculation, kept for the
-    whole run under pairing) and the engine of the current configuration. Keys are their LLM kwargs."""
+    whole run under pairing) and the engine of the current configuration, keyed by engine_key of their LLM kwargs."""
 
     def __init__(self, llm_cls):
         self.llm_cls, self.alive, self.shared = llm_cls, {}, 0
 
-    key = staticmethod(engine_key)
-
     def get(self, kwargs: dict, cell_id: str, keep: tuple = ()):
-        key = self.key(kwargs)
+        key = engine_key(kwargs)
         if key not in self.alive:
             for old in [k for k in self.alive if k not in keep]:
                 _shutdown(self.alive.pop(old))
@@ -467,7 +465,7 @@ class Engines:
         copy of the target in memory instead of two. Shared modules: 0 where nothing was shared."""
         base, base_key = self.get(base_kwargs, cell_id)
         same = all(kwargs.get(k) == base_kwargs.get(k) for k in WEIGHT_KEYS)
-        fresh = self.key(kwargs) not in self.alive
+        fresh = engine_key(kwargs) not in self.alive
         hollowed = fresh and same and vllm_share.hollow(base)
         sd, _ = self.get(kwargs, cell_id, keep=(base_key,))
         if fresh:
