@@ -42,6 +42,8 @@ def profile_step(model, batch: int, context: int, repeats: int = 3) -> pd.DataFr
     from torch.profiler import ProfilerActivity, profile
     from transformers import DynamicCache
 
+    from .kv import _cache_arg
+
     gen = torch.Generator().manual_seed(0)
     vocab = int(model.config.vocab_size)
     prompt = torch.randint(0, vocab, (1, context), generator=gen)
@@ -50,11 +52,12 @@ def profile_step(model, batch: int, context: int, repeats: int = 3) -> pd.DataFr
     rows, walls = [], []
     with torch.no_grad():
         cache = DynamicCache(config=model.config)
-        model(prompt, past_key_values=cache, use_cache=True)
+        arg = _cache_arg(model)  # the cache keyword of this transformers version
+        model(prompt, **{arg: cache}, use_cache=True)
         cache.batch_repeat_interleave(batch)
 
         def step():
-            model(x, attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            model(x, attention_mask=mask, **{arg: cache}, use_cache=True, logits_to_keep=1)
             cache.crop(-1)  # drop the appended token again: every step sees `context` tokens
 
         step()  # warm-up
