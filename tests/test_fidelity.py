@@ -61,3 +61,45 @@ def test_roofline_bounds(table):
     assert np.isnan(roof.loc[("vllm", "none"), "sd_frac"]) if "sd_frac" in roof else True
     # with the issue's numbers (15 GB/s, 3.5 tokens/step) the bound is ~2.4 tok/s and ~1.78x
     assert 15e9 / T == pytest.approx(2.43, abs=0.01) and 3.5 * T / (T + 3 * D) == pytest.approx(1.79, abs=0.01)
+
+
+def _positions(engine, accepted, tried, temperature=0.0, proposed=None):
+    proposed = proposed or tried
+    return [{"engine": engine, "batch": 4, "k": len(accepted), "proposer": "draft", "temperature": temperature,
+             "prompt_set": s, "position": i + 1, "tried": t // 2, "accepted": a // 2,
+             "proposed": p // 2 if engine == "torch" else np.nan}
+            for s in ("code", "prose") for i, (a, t, p) in enumerate(zip(accepted, tried, proposed))]
+
+
+def test_acceptance_compares_each_position_and_goal_flags_a_difference(monkeypatch):
+    from specdec.report import goals
+    # the torch engine's position 1 was tried by 120 steps, 100 of which proposed a token (vLLM counts those)
+    rows = (_positions("torch", [80, 60, 40], [120, 80, 60], proposed=[100, 80, 60])
+            + _positions("vllm", [80, 50, 30], [100, 80, 50])
+            + _positions("vllm", [10, 2, 0], [100, 10, 2], temperature=1.0))  # sampled: one engine only
+    monkeypatch.setattr(analysis, "position_acceptance", lambda profile, study="acceptance": pd.DataFrame(rows))
+    acc = fidelity.acceptance("cpu").set_index("position")
+    assert list(acc.index) == [1, 2, 3] and (acc["temperature"] == 0).all()  # prompt sets summed, t1 unmatched
+    assert acc.loc[1, "diff"] == 0 and acc.loc[1, "torch_tried"] == 100
+    assert acc.loc[2, "vllm_p"] == pytest.approx(50 / 80)
+    assert acc.loc[2, "diff"] == pytest.approx(50 / 80 - 60 / 80) and acc.loc[3, "torch_tried"] == 60
+    row = goals.engine_acceptance("cpu")[0]
+    assert row["goal"] == "G12e" and row["met"] == "no" and "0.125" in row["value"]  # position 2
+    monkeypatch.setattr(analysis, "position_acceptance",
+                        lambda profile, study="acceptance": pd.DataFrame(_positions("torch", [8], [10])))
+    with pytest.raises(SpecdecError, match="both engines"):
+        fidelity.acceptance("cpu")
+    assert goals.engine_acceptance("cpu")[0]["met"] == "not evaluated"
+
+
+def test_shipped_fixture_greedy_acceptance_is_the_same_in_both_engines():
+    """The fixture's acceptance study ships both engines' runs of the tiny pair (same prompts): greedy counts match
+    position by position (the n-gram cell's steps without a match counted as vLLM does: not as drafts); the
+    sampled cells exist for both engines too."""
+    acc = fidelity.acceptance("fixture")
+    greedy = acc[acc["temperature"] == 0]
+    assert set(greedy["proposer"]) == {"draft", "ngram"}
+    assert (greedy.loc[greedy["position"] == 1, "torch_tried"] > 0).all()
+    for what in ("tried", "accepted"):  # same counts at every position, n-gram steps without a match aside
+        assert (greedy[f"vllm_{what}"] == greedy[f"torch_{what}"]).all()
+    assert (acc["temperature"] > 0).any()

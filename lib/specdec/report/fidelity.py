@@ -158,3 +158,37 @@ def bandwidth(profile: str) -> pd.DataFrame:
     if not rows:
         raise SpecdecError(f"no run of profile '{profile}' recorded a bandwidth probe (runs before probe.py)")
     return pd.DataFrame(rows)
+
+
+ACC_KEYS = ["batch", "k", "proposer", "temperature"]
+
+
+def acceptance(profile: str, study: str = "acceptance") -> pd.DataFrame:
+    """Per real-acceptance cell measured by both engines and draft position (1..k): each engine's `tried`
+    (steps that reached the position: its first position-1 draft tokens accepted) and `accepted` counts summed
+    over the cell's prompts and timed passes, its rate p = accepted / tried (probability), and diff = vLLM p -
+    torch p. Both engines decode the same prompts, so a greedy cell should give the same tokens and the same
+    counts; a difference is the two engines' arithmetic diverging, or their counting. Sampled cells
+    (temperature > 0) draw different random numbers in each engine and are shown, not expected to match.
+
+    One basis for both: vLLM counts a draft only when its proposer proposed something (num_drafts), while the
+    torch engine's position 1 is tried by every step, also an n-gram step that found no match; so the torch
+    engine's position-1 `tried` here is its steps that proposed a token there (`proposed`), as vLLM counts."""
+    pos = analysis.position_acceptance(profile, study)
+    if not set(ENGINES) <= set(pos["engine"]):
+        raise SpecdecError(f"acceptance fidelity needs real-acceptance cells of both engines in {study}/{profile}; "
+                           f"measured: {', '.join(sorted(set(pos['engine'])))}")
+    if "proposed" in pos:
+        first = (pos["engine"] == "torch") & (pos["position"] == 1) & pos["proposed"].notna()
+        pos = pos.assign(tried=pos["tried"].where(~first, pos["proposed"]))
+    g = pos.groupby(["engine"] + ACC_KEYS + ["position"], dropna=False)[["tried", "accepted"]].sum()
+    wide = g.unstack("engine").dropna()
+    if wide.empty:
+        raise SpecdecError(f"no real-acceptance cell of {study}/{profile} was measured by both engines")
+    out = pd.DataFrame(index=wide.index)
+    for e in ENGINES:
+        out[f"{e}_tried"] = wide[("tried", e)].astype(int)
+        out[f"{e}_accepted"] = wide[("accepted", e)].astype(int)
+        out[f"{e}_p"] = out[f"{e}_accepted"] / out[f"{e}_tried"].where(out[f"{e}_tried"] > 0)
+    out["diff"] = out["vllm_p"] - out["torch_p"]
+    return out.reset_index()

@@ -187,6 +187,30 @@ def engines() -> list[dict]:
     return _try("G12", "engine fidelity", "", run)
 
 
+ACC_TOLERANCE = 0.05  # |vLLM - torch| per-position acceptance, probability; set before the cells were measured
+
+
+def engine_acceptance(profile: str = ENGINE_PROFILE) -> list[dict]:
+    """G12e: per-position acceptance of vLLM (its spec-decode counters) and the torch engine on the same greedy
+    real-acceptance cells of the acceptance study (same prompts, so the same tokens are expected)."""
+    from . import fidelity
+
+    def run():
+        acc = fidelity.acceptance(profile)
+        acc = acc[acc["temperature"] == 0]
+        if acc.empty:
+            raise SpecdecError(f"no greedy real-acceptance cell of acceptance/{profile} was measured by both engines")
+        worst = float(acc["diff"].abs().max())
+        cells = acc.groupby(["batch", "k", "proposer"], sort=True)
+        detail = "; ".join(f"bs{b} k{k} {p}: vLLM " + "/".join(f"{v:.2f}" for v in g["vllm_p"]) + ", torch "
+                           + "/".join(f"{v:.2f}" for v in g["torch_p"]) for (b, k, p), g in cells)
+        return [_row("G12e", "per-position acceptance, vLLM vs torch engine, greedy real-acceptance cells of the "
+                     "acceptance study (same prompts)", f"within {ACC_TOLERANCE} at every position",
+                     f"max |diff| {worst:.3f} over {cells.ngroups} cell(s) x positions",
+                     bool(worst <= ACC_TOLERANCE), f"data/raw/{profile}/acceptance", detail)]
+    return _try("G12e", "per-position acceptance, vLLM vs torch engine", f"within {ACC_TOLERANCE}", run)
+
+
 def raw_data() -> list[dict]:
     """G0: every complete raw run is readable (a corrupt one would be left out of every table and verdict)."""
     from ..data import rawdata
@@ -219,7 +243,7 @@ def paper_measured() -> list[dict]:
 def table(check) -> pd.DataFrame:
     """Every goal, one row each; `check` as for profiles()."""
     return pd.DataFrame(raw_data() + paper_reference() + paper_measured() + cpu_validation() + regime()
-                        + ngram_acceptance() + profiles(check) + bench() + engines())
+                        + ngram_acceptance() + profiles(check) + bench() + engines() + engine_acceptance())
 
 
 def to_markdown(df: pd.DataFrame) -> str:

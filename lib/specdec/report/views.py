@@ -125,6 +125,15 @@ def engines(profile: str) -> tuple[pd.DataFrame, str]:
     return analysis.safe(fidelity.engines, profile, "batch")
 
 
+def acceptance_engines(profile: str) -> tuple[pd.DataFrame, str]:
+    """(fidelity.acceptance table, note): per-position acceptance of vLLM and the torch engine on the same
+    real-acceptance cells of the acceptance study; measured only."""
+    from . import fidelity
+    if not measured(profile, "acceptance"):
+        return pd.DataFrame(), f"no measurements on {profile}: engine fidelity is measured, never predicted"
+    return analysis.safe(fidelity.acceptance, profile, "acceptance")
+
+
 def vllm_steps(profile: str) -> tuple[pd.DataFrame, str]:
     """(fidelity.vllm_step_split table, note): where vLLM's step time goes; measured only."""
     from . import fidelity

@@ -4,7 +4,7 @@ from ..report import views
 
 SOURCE = "acceptance"
 TABLES = ("acceptance-positions", "acceptance-requests", "acceptance-summary", "acceptance-iid",
-          "acceptance-synthetic", "acceptance-breakeven")  # build/<profile>/<name>.csv
+          "acceptance-synthetic", "acceptance-breakeven", "acceptance-engines")  # build/<profile>/<name>.csv
 # figures/<profile>/<name>.png|pdf
 FIGURES = ("acceptance-positions", "acceptance-requests", "acceptance-iid", "acceptance-breakeven")
 FILES = ()  # other build/<profile>/ files, besides <stem>-notes.json
@@ -16,10 +16,12 @@ def tables(profile: str):
     req, summ, req_note = views.request_acceptance(profile)
     iid, iid_note = views.iid_prediction(profile)
     syn, be, syn_note = views.break_even(profile)
+    eng, eng_note = views.acceptance_engines(profile)
     return ({"acceptance-positions": pos, "acceptance-requests": req, "acceptance-summary": summ,
-             "acceptance-iid": iid, "acceptance-synthetic": syn, "acceptance-breakeven": be},
+             "acceptance-iid": iid, "acceptance-synthetic": syn, "acceptance-breakeven": be,
+             "acceptance-engines": eng},
             {"acceptance-positions": pos_note, "acceptance-requests": req_note, "acceptance-iid": iid_note,
-             "acceptance-breakeven": syn_note})
+             "acceptance-breakeven": syn_note, "acceptance-engines": eng_note})
 
 
 def figures(out):
