@@ -146,6 +146,7 @@ class Slo:
 
 LINEAR_PATHS = ("dense", "onednn")  # onednn.py
 ATTENTION_PATHS = ("sdpa", "gqa")  # attention.py
+VERIFY_WIDTHS = ("k", "proposed")  # engine.SpecEngine.step
 
 
 @dataclass(frozen=True)
@@ -154,10 +155,15 @@ class TorchEngine:
 
     linear: "dense" (torch's default matmul path) or "onednn" (fp32 weights pre-packed for oneDNN, CPU only).
     attention: "sdpa" (transformers' sdpa path, which copies K/V out to every query head when given a mask) or
-    "gqa" (torch's sdpa reads the KV heads in place: engines/attention.py)."""
+    "gqa" (torch's sdpa reads the KV heads in place: engines/attention.py).
+    verify: how many tokens per sequence a step's target forward verifies: "k" (always k+1: an n-gram lookup
+    that proposed fewer, or nothing, is padded) or "proposed" (1 + the longest proposal in the batch: a step
+    where no sequence's lookup matched is a plain 1-token forward, as in vLLM, which verifies only what was
+    proposed). Greedy outputs are the same either way; the draft model always proposes k."""
 
     linear: str = "dense"
     attention: str = "sdpa"
+    verify: str = "k"
 
     def __post_init__(self):
         if self.linear not in LINEAR_PATHS:
@@ -165,6 +171,8 @@ class TorchEngine:
         if self.attention not in ATTENTION_PATHS:
             raise SpecdecError(f"torch.attention must be one of {', '.join(ATTENTION_PATHS)}, "
                                f"got '{self.attention}'")
+        if self.verify not in VERIFY_WIDTHS:
+            raise SpecdecError(f"torch.verify must be one of {', '.join(VERIFY_WIDTHS)}, got '{self.verify}'")
 
 
 @dataclass(frozen=True)

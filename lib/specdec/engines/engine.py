@@ -46,14 +46,17 @@ class GenConfig(Generation):
     # around. Every sequence then counts as proposing k tokens (k+1 are verified anyway): an n-gram miss does not
     # cap the replay.
     replay: tuple[tuple[int, ...], ...] | None = None
+    # tokens verified per sequence per step (the study's torch.verify): "k" = k+1 always (short proposals
+    # padded); "proposed" = 1 + the longest real proposal in the batch (replayed cells always verify k+1)
+    verify: str = "k"
 
     @classmethod
-    def from_cell(cls, gen: Generation, cell: Cell, seed: int) -> "GenConfig":
+    def from_cell(cls, gen: Generation, cell: Cell, seed: int, verify: str = "k") -> "GenConfig":
         """A cell's settings: the study's generation section, the cell's k, proposer, temperature and forced
-        acceptance (alpha), and the run's seed; checked."""
+        acceptance (alpha), the run's seed and the torch engine's verify width; checked."""
         own = {f.name: getattr(gen, f.name) for f in fields(Generation)}
         own.update(k=cell.k, proposer=cell.proposer, temperature=cell.temperature, seed=seed,
-                   synthetic_alpha=cell.alpha)
+                   synthetic_alpha=cell.alpha, verify=verify)
         return cls(**own).validate()
 
     def validate(self) -> "GenConfig":
@@ -71,6 +74,8 @@ class GenConfig(Generation):
             if not self.replay or not all(
                     len(t) and all(isinstance(v, int) and v >= 1 for v in t) for t in self.replay):
                 raise SpecdecError("a replayed acceptance trace must hold non-empty acc_len lists of integers >= 1")
+        if self.verify not in ("k", "proposed"):
+            raise SpecdecError(f"verify must be 'k' or 'proposed', got '{self.verify}'")
         if self.ngram_match not in ngram.MATCH_RULES:
             raise SpecdecError(f"unknown ngram_match '{self.ngram_match}' ({', '.join(ngram.MATCH_RULES)})")
         if self.temperature < 0:
@@ -203,6 +208,9 @@ class SpecEngine:
         k = drafts.shape[1]
         if cfg.replay is not None:  # replay: every sequence proposed k (an n-gram miss is padding)
             counts = torch.full_like(counts, k)
+        elif cfg.verify == "proposed" and k and int(counts.max()) < k:  # verify only what was proposed
+            k = int(counts.max())
+            drafts = drafts[:, :k]
         t1 = clock(self.device)
         start = self.tkv.slots
         verify_in = torch.cat([self.last[:, None], drafts], 1)

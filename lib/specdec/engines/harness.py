@@ -95,7 +95,8 @@ class ModelCache:
 
 def gen_config(st: Study, cell: dict, seed: int | None = None) -> GenConfig:
     """The engine settings of a cell (seed: the study's seed unless given)."""
-    return GenConfig.from_cell(st.generation, Cell.from_dict(cell), st.seed if seed is None else seed)
+    return GenConfig.from_cell(st.generation, Cell.from_dict(cell), st.seed if seed is None else seed,
+                               st.torch.verify)
 
 
 # whose traced acceptance a cell replays
