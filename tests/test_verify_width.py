@@ -67,3 +67,16 @@ def test_the_key_reaches_the_engine_is_hashed_for_torch_only_and_bad_values_get_
     assert config.config_hash(prop, "torch") != config.config_hash(cfg, "torch")
     assert config.config_hash(prop, "vllm") == config.config_hash(cfg, "vllm")
     assert config.config_hash(dict(cfg, torch={"verify": "k"}), "torch") != config.config_hash(prop, "torch")
+
+
+def test_stepprofile_times_both_widths_interleaved_with_the_same_tokens():
+    from types import SimpleNamespace
+
+    from specdec.engines import stepprofile
+    pair = load_pair("tiny", torch.float32)
+    with torch.no_grad():
+        out = stepprofile.verify_widths(pair.target, SimpleNamespace(pad_token_id=258), PROMPTS, 4, 12, pairs=2)
+    assert list(out["verify"]) == ["k", "proposed", "proposed", "k"]  # A B, B A
+    assert out["same"].all() and (out["tokens"] == 3 * 12).all() and (out["decode_s"] > 0).all()
+    assert (out.loc[out["verify"] == "k", "columns"] == 5).all()
+    assert (out.loc[out["verify"] == "proposed", "columns"] < 5).all()

@@ -12,6 +12,9 @@ that copy against torch's sdpa with enable_gqa (the engine's `torch: {attention:
 
     python -m specdec.engines.stepprofile --pair qwen2.5-coder-1.5b/0.5b --batch 16 32 64 --context 256 \
         --out build/cpu/stepprofile.csv
+
+`--verify K` instead times greedy n-gram SD over one static batch of the acceptance study's prompts with the
+target's verify padded to K+1 tokens against 1 + the batch's longest proposal (verify_widths).
 """
 from __future__ import annotations
 
@@ -140,6 +143,34 @@ def gqa_attention(batch: int, heads: int, kv_heads: int, context: int, head_dim:
     return out | {name: float(pd.Series(t).median()) for name, t in times.items()}
 
 
+def verify_widths(target, tok, plist: list[list[int]], k: int, new_tokens: int, pairs: int = 2,
+                  match: str = "earliest") -> pd.DataFrame:
+    """Greedy n-gram SD with the torch engine over one static batch of prompts (token ids), the target's verify
+    padded to k+1 tokens (torch.verify "k") against verifying 1 + the batch's longest proposal ("proposed"),
+    interleaved A B, B A, ... for `pairs` pairs. One row per run: pair, verify, decode_s [s], tokens, tok_s
+    [tokens/s], steps, columns (mean token columns per sequence per verify forward), same (greedy tokens equal
+    to the padded run's of the same pair). A diagnosis, not a study: no raw folder, no CI."""
+    from .engine import GenConfig, generate
+
+    pad = getattr(tok, "pad_token_id", 0) or 0
+    rows = []
+    for i in range(pairs):
+        ref = None
+        for width in (("k", "proposed") if i % 2 == 0 else ("proposed", "k")):
+            cfg = GenConfig(k=k, proposer="ngram", max_new_tokens=new_tokens, ignore_eos=True, ngram_match=match,
+                            verify=width)
+            eng, _, dec = generate(target, None, plist, cfg, pad_token_id=pad)
+            out = [s.generated for s in eng.seqs]
+            widths = [1 + (k if width == "k" else max(st["proposed"])) for st in eng.steps]
+            tokens = sum(len(g) for g in out)
+            rows.append({"pair": i, "verify": width, "decode_s": dec, "tokens": tokens, "tok_s": tokens / dec,
+                         "steps": len(eng.steps), "columns": sum(widths) / max(len(widths), 1), "out": out})
+        a, b = rows[-2:]
+        for r in (a, b):
+            r["same"] = a["out"] == b["out"]
+    return pd.DataFrame(rows).drop(columns="out")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pair", default="qwen2.5-coder-1.5b/0.5b")
@@ -152,6 +183,11 @@ def main(argv=None) -> None:
     ap.add_argument("--gqa", type=int, nargs=4, metavar=("HEADS", "KV_HEADS", "HEAD_DIM", "LAYERS"),
                     help="only time attention with a mask, repeat_kv vs enable_gqa (gqa_attention), for this shape "
                          "(Qwen2.5-1.5B: 12 2 128 28)")
+    ap.add_argument("--verify", type=int, metavar="K", default=None,
+                    help="only time greedy n-gram SD at this k, verify padded vs proposed (verify_widths), on the "
+                         "first --batch prompts of --study's cpu prompts")
+    ap.add_argument("--study", default="acceptance", help="whose prompts and new tokens --verify uses")
+    ap.add_argument("--pairs", type=int, default=2, help="interleaved pairs for --verify")
     ap.add_argument("--out", default=None, help="CSV to write (default: print only)")
     a = ap.parse_args(argv)
     import torch
@@ -165,12 +201,24 @@ def main(argv=None) -> None:
             print(f"bs {b}:", gqa_attention(b, heads, kv_heads, a.context, head_dim, layers))
         return
 
-    model = models.load_pair(a.pair, dtype=torch.float32, with_draft=False).target.eval()
+    pair = models.load_pair(a.pair, dtype=torch.float32, with_draft=False)
+    model = pair.target.eval()
     onednn.apply(model, a.linear)
     attention.apply(model, a.attention)
-    out = pd.concat([f(model, b, a.context).assign(what=what) for b in a.batch
-                     for what, f in (("bare forward", profile_step), ("engine decode", profile_engine))
-                     if what in a.what], ignore_index=True)
+    if a.verify is not None:
+        from ..data import config
+        from ..data.spec import Study
+        from .harness import tokenized_prompts
+
+        st = Study.from_dict(config.load_study(a.study, "cpu"))
+        plist = [p["ids"] for p in tokenized_prompts(st, pair.tokenizer)][: a.batch[0]]
+        with torch.no_grad():
+            out = verify_widths(model, pair.tokenizer, plist, a.verify, st.generation.max_new_tokens, a.pairs,
+                                st.generation.ngram_match)
+    else:
+        out = pd.concat([f(model, b, a.context).assign(what=what) for b in a.batch
+                         for what, f in (("bare forward", profile_step), ("engine decode", profile_engine))
+                         if what in a.what], ignore_index=True)
     print(out.to_string(index=False))
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
