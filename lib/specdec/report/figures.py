@@ -224,10 +224,13 @@ def batch_engines(eng: pd.DataFrame, profile: str, note: str = ""):
 
 # -- acceptance study -------------------------------------------------------------------------------------------
 def acceptance_positions(pos: pd.DataFrame, profile: str, note: str = ""):
-    """P(accept position i | tried i) vs i, one panel per proposer x temperature, hue = prompt set."""
+    """P(accept position i | tried i) vs i, one panel per proposer x temperature, hue = prompt set (and engine,
+    dashed for vLLM, where both measured: vLLM's counters are one unit per run, its prompt sets pooled)."""
     title = f"acceptance by draft position ({profile})"
     if pos.empty:
         return placeholder(title, note)
+    eng = pos["engine"].astype(str) if "engine" in pos else pd.Series("torch", index=pos.index)
+    pos = pos.assign(prompt_set=pos["prompt_set"].astype(str) + (" (" + eng + ")" if eng.nunique() > 1 else ""))
     panels = pos[["proposer", "temperature"]].drop_duplicates().sort_values(["proposer", "temperature"])
     n = len(panels)
     fig, axes = plt.subplots(1, n, figsize=(max(WIDTH, 3 * n), 3.4), sharey=True, squeeze=False)
@@ -239,7 +242,8 @@ def acceptance_positions(pos: pd.DataFrame, profile: str, note: str = ""):
         for (ps, k, b), g in sub.groupby(["prompt_set", "k", "batch"]):
             g = g.sort_values("position")
             ax.errorbar(g["position"], g["p_accept"], yerr=_err(g, "p_accept"), marker="o", capsize=3,
-                        color=colors[ps], label=f"{ps}, k={k}, bs{b}" if several else ps)
+                        color=colors[ps], linestyle="--" if ps.endswith("(vllm)") else "-",
+                        label=f"{ps}, k={k}, bs{b}" if several else ps)
         ax.set(title=f"{p['proposer']}, T={p['temperature']:g}", xlabel="draft position i")
         ax.set_ylim(0, 1.05)
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
