@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from ..data.spec import PROPOSERS, Cell, Generation, proposer_names
+from ..data.spec import PROPOSERS, VERIFY_WIDTHS, Cell, Generation, proposer_names
 from ..errors import SpecdecError
 from . import ngram, verify
 from .kv import KVState
@@ -74,8 +74,8 @@ class GenConfig(Generation):
             if not self.replay or not all(
                     len(t) and all(isinstance(v, int) and v >= 1 for v in t) for t in self.replay):
                 raise SpecdecError("a replayed acceptance trace must hold non-empty acc_len lists of integers >= 1")
-        if self.verify not in ("k", "proposed"):
-            raise SpecdecError(f"verify must be 'k' or 'proposed', got '{self.verify}'")
+        if self.verify not in VERIFY_WIDTHS:
+            raise SpecdecError(f"verify must be one of {', '.join(VERIFY_WIDTHS)}, got '{self.verify}'")
         if self.ngram_match not in ngram.MATCH_RULES:
             raise SpecdecError(f"unknown ngram_match '{self.ngram_match}' ({', '.join(ngram.MATCH_RULES)})")
         if self.temperature < 0:

@@ -16,6 +16,7 @@ def is_paired(study, cell) -> bool:
     return bool(study.timing.paired) and cell.k > 0 and cell.mode == "static"
 
 
-def order(pair_idx: int) -> tuple[str, ...]:
-    """The arms of pair `pair_idx` (0, 1, ...) in the order they run: cell first on even pairs."""
-    return ARMS if pair_idx % 2 == 0 else ARMS[::-1]
+def order(pair_idx: int, arms: tuple[str, ...] = ARMS) -> tuple[str, ...]:
+    """The arms of pair `pair_idx` (0, 1, ...) in the order they run: the first arm (the cell) first on even
+    pairs."""
+    return arms if pair_idx % 2 == 0 else arms[::-1]

@@ -150,13 +150,13 @@ def verify_widths(target, tok, plist: list[list[int]], k: int, new_tokens: int, 
     interleaved A B, B A, ... for `pairs` pairs. One row per run: pair, verify, decode_s [s], tokens, tok_s
     [tokens/s], steps, columns (mean token columns per sequence per verify forward), same (greedy tokens equal
     to the padded run's of the same pair). A diagnosis, not a study: no raw folder, no CI."""
+    from . import pairing
     from .engine import GenConfig, generate
 
     pad = getattr(tok, "pad_token_id", 0) or 0
     rows = []
     for i in range(pairs):
-        ref = None
-        for width in (("k", "proposed") if i % 2 == 0 else ("proposed", "k")):
+        for width in pairing.order(i, ("k", "proposed")):
             cfg = GenConfig(k=k, proposer="ngram", max_new_tokens=new_tokens, ignore_eos=True, ngram_match=match,
                             verify=width)
             eng, _, dec = generate(target, None, plist, cfg, pad_token_id=pad)

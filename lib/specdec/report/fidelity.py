@@ -178,9 +178,8 @@ def acceptance(profile: str, study: str = "acceptance") -> pd.DataFrame:
     if not set(ENGINES) <= set(pos["engine"]):
         raise SpecdecError(f"acceptance fidelity needs real-acceptance cells of both engines in {study}/{profile}; "
                            f"measured: {', '.join(sorted(set(pos['engine'])))}")
-    if "proposed" in pos:
-        first = (pos["engine"] == "torch") & (pos["position"] == 1) & pos["proposed"].notna()
-        pos = pos.assign(tried=pos["tried"].where(~first, pos["proposed"]))
+    first = (pos["engine"] == "torch") & (pos["position"] == 1) & pos["proposed"].notna()
+    pos = pos.assign(tried=pos["tried"].where(~first, pos["proposed"]))
     g = pos.groupby(["engine"] + ACC_KEYS + ["position"], dropna=False)[["tried", "accepted"]].sum()
     wide = g.unstack("engine").dropna()
     if wide.empty:
