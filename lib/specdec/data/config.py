@@ -257,10 +257,29 @@ def engine_view(cfg: dict, engine: str) -> dict:
     return {**cfg, "vllm": own} if own else cfg
 
 
+def next_view(cfg: dict) -> dict:
+    """The config as `measure --next` runs it: `torch` merged with the staged `torch_next`, which is dropped.
+    That is the config after promotion (move torch_next's keys into torch, delete torch_next), so the runs
+    measured now are current once it is promoted; until then analysis ignores them (their hash differs)."""
+    where = f"config {cfg.get('study', '?')}.yaml, profile {cfg.get('profile')}"
+    nxt = cfg.get("torch_next")
+    if not nxt:
+        raise SpecdecError(f"{where} stages no torch_next: nothing for --next to measure")
+    if not isinstance(nxt, dict):
+        raise SpecdecError(f"{where}: torch_next must be a mapping of torch settings, got {nxt!r}")
+    now = dict(cfg.get("torch") or {})
+    if {**now, **nxt} == now:
+        raise SpecdecError(f"{where}: torch_next changes nothing in torch ({now})")
+    out = {k: v for k, v in cfg.items() if k != "torch_next"}
+    out["torch"] = {**now, **nxt}
+    return out
+
+
 def config_hash(cfg: dict, engine: str = "torch") -> str:
     """sha256 of the config minus the grid (so growing a grid keeps finished cells valid), minus `calibration`,
     `slo` and timing.warmup_batches (what analysis does with the runs, not how they were measured), and minus
-    generation.ngram_match when it is the legacy "latest" (runs from before the key keep their hash).
+    generation.ngram_match when it is the legacy "latest" (runs from before the key keep their hash), and minus
+    `torch_next` (settings staged for re-measurement, next_view: staging them invalidates no run).
 
     Engine-scoped sections: `torch` (torch-engine settings, e.g. the Linear path) is left out of vLLM runs'
     hash, so a change there restarts only torch runs; a study without a `vllm` section is hashed for vLLM with its
@@ -269,7 +288,7 @@ def config_hash(cfg: dict, engine: str = "torch") -> str:
     if engine not in ("torch", "vllm"):
         raise ValueError(f"unknown engine '{engine}'")
     body = {k: v for k, v in engine_view(cfg, engine).items()
-            if k not in ("grid", "calibration", "slo") and not (engine == "vllm" and k == "torch")}
+            if k not in ("grid", "calibration", "slo", "torch_next") and not (engine == "vllm" and k == "torch")}
     timing = body.get("timing")
     if isinstance(timing, dict) and "warmup_batches" in timing:  # what analysis counts, not what is measured
         body["timing"] = {k: v for k, v in timing.items() if k != "warmup_batches"}

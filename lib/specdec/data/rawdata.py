@@ -230,6 +230,21 @@ def _current_hash(study: str, profile: str | None, engine: str = "torch") -> str
     return _HASHES[key]
 
 
+def _staged_hash(study: str, profile: str | None) -> str | None:
+    """config_sha256 the torch engine's runs get under the config's staged torch_next (config.next_view), or
+    None when the profile stages none."""
+    from . import config
+
+    key = (str(paths.configs()), _config_stamp(study), study, profile, "torch_next")
+    if key not in _HASHES:
+        try:
+            cfg = config.load_study(study, profile)
+            _HASHES[key] = config.config_hash(config.next_view(cfg), "torch") if cfg.get("torch_next") else None
+        except SpecdecError:
+            _HASHES[key] = None
+    return _HASHES[key]
+
+
 def _keep_current(metas: list[dict], study: str, warn) -> list[bool]:
     """Per profile: when some runs match the current config hash (of their own engine's view of the config,
     config.config_hash), keep only those (older-config runs are reported and ignored); when none match (e.g.
@@ -242,7 +257,14 @@ def _keep_current(metas: list[dict], study: str, warn) -> list[bool]:
         if match and len(match) < len(idx):
             for i in set(idx) - set(match):
                 keep[i] = False
-            warn(f"ignored {len(idx) - len(match)} run(s) of {study}/{prof} measured under an older config")
+            staged = _staged_hash(study, prof)
+            n_staged = sum(1 for i in set(idx) - set(match) if staged and metas[i].get("config_sha256") == staged)
+            if len(idx) - len(match) - n_staged:
+                warn(f"ignored {len(idx) - len(match) - n_staged} run(s) of {study}/{prof} measured under an "
+                     f"older config")
+            if n_staged:
+                warn(f"set aside {n_staged} run(s) of {study}/{prof} measured under the staged torch_next "
+                     f"(current once it is promoted into torch)")
     return keep
 
 

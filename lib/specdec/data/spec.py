@@ -195,6 +195,9 @@ class Study:
     # (costmodel.fit_steps); every other SD cell is held out to validate it. Analysis only: not in the hash.
     calibration: tuple = ()
     torch: TorchEngine = TorchEngine()
+    # torch settings being re-measured before they replace `torch` (config.next_view, `measure --next`); the
+    # runs use `torch` merged with these. Not in the hash: staging them changes no run's validity.
+    torch_next: TorchEngine | None = None
     serving: Serving = Serving()
     slo: Slo = Slo()
     prompts: Prompts = Prompts()
@@ -206,17 +209,23 @@ class Study:
         name = f"config {cfg.get('study', '?')}.yaml"
         if "pair" not in cfg:
             raise SpecdecError(f"{name}: needs a 'pair'")
-        top = {k: v for k, v in cfg.items() if k not in ("prompts", "generation", "timing", "torch", "serving", "slo")}
+        top = {k: v for k, v in cfg.items()
+               if k not in ("prompts", "generation", "timing", "torch", "torch_next", "serving", "slo")}
         st = _build(cls, top, name)
         prompts = dict(cfg.get("prompts") or {})
         if "sets" in prompts:
             prompts["sets"] = tuple(prompts["sets"])
+        if cfg.get("torch_next") is not None and not isinstance(cfg["torch_next"], dict):
+            raise SpecdecError(f"{name}: torch_next must be a mapping of torch settings, got {cfg['torch_next']!r}")
         if not isinstance(st.calibration, (list, tuple)) or not all(isinstance(p, str) for p in st.calibration):
             raise SpecdecError(f"{name}: calibration must be a list of run-id patterns, got {st.calibration!r}")
         return replace(st, calibration=tuple(st.calibration), prompts=_build(Prompts, prompts, f"{name}: prompts"),
                         generation=_build(Generation, cfg.get("generation"), f"{name}: generation"),
                         timing=_build(Timing, cfg.get("timing"), f"{name}: timing"), vllm=dict(cfg.get("vllm") or {}),
                         torch=_build(TorchEngine, cfg.get("torch"), f"{name}: torch"),
+                        torch_next=(None if cfg.get("torch_next") is None else
+                                    _build(TorchEngine, {**(cfg.get("torch") or {}), **cfg["torch_next"]},
+                                           f"{name}: torch_next")),
                         serving=_build(Serving, cfg.get("serving"), f"{name}: serving"),
                         slo=_build(Slo, cfg.get("slo"), f"{name}: slo"))
 

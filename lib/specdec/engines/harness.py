@@ -368,11 +368,12 @@ def run_hf(st: Study, cell, target, draft, plist, tok):
 
 
 def measure(study: str, profile: str, limit: int | None = None, dry_run: bool = False, echo=print,
-            only: str | None = None, budget_s: float | None = None) -> dict:
+            only: str | None = None, budget_s: float | None = None, staged: bool = False) -> dict:
     """Run every missing cell of a study under a hardware profile. Returns counts of done/skipped cells.
-    budget_s: start no cell once this many seconds have passed since the call (each cell started finishes)."""
+    budget_s: start no cell once this many seconds have passed since the call (each cell started finishes).
+    staged: measure the config's staged torch settings (torch_next; plan)."""
     t_start = time.monotonic()
-    p = plan(study, profile, "torch", limit, dry_run, echo, only)
+    p = plan(study, profile, "torch", limit, dry_run, echo, only, staged=staged)
     if p.done:
         return p.counts
     hw, machine, cfg, st, pending = p.hw, p.machine, p.cfg, p.st, p.pending

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from ..data import config as cfgmod
 from ..data import hardware, rawdata
 from ..data.spec import Study
+from ..errors import SpecdecError
 
 
 @dataclass
@@ -38,11 +39,12 @@ class Plan:
 
 
 def plan(study: str, profile: str, engine: str, limit: int | None = None, dry_run: bool = False, echo=print,
-         only: str | None = None, prepare=None, check=None) -> Plan:
+         only: str | None = None, prepare=None, check=None, staged: bool = False) -> Plan:
     """Load and check everything a measure call needs; echo one line of counts. The config is the engine's view
     of it (config.engine_view), parsed once (Plan.st). `prepare(st, cell)` returns what running a cell needs or
     raises SpecdecError (the cell is then unsupported); `check()` runs after the profile is known and before the
-    machine check (e.g. that vLLM is installed; skipped for a dry run)."""
+    machine check (e.g. that vLLM is installed; skipped for a dry run). staged: the torch engine measures the
+    config's staged torch settings (config.next_view: `measure --next`), in folders of that config's hash."""
     hw = hardware.load_profile(profile)
     if check is not None and not dry_run:
         check()
@@ -50,6 +52,10 @@ def plan(study: str, profile: str, engine: str, limit: int | None = None, dry_ru
     hardware.check_machine(hw, machine)
     kind = "vllm" if engine.startswith("vllm") else "torch"
     cfg = cfgmod.engine_view(cfgmod.load_study(study, profile), kind)
+    if staged:
+        if kind != "torch":
+            raise SpecdecError("--next measures the torch engine's staged settings (torch_next); vLLM has none")
+        cfg = cfgmod.next_view(cfg)
     st = Study.from_dict(cfg)  # parsed once; every engine helper takes this
     todo = cfgmod.select(cfgmod.cells(cfg), only, study)
     chash = cfgmod.config_hash(cfg, kind)
@@ -60,7 +66,7 @@ def plan(study: str, profile: str, engine: str, limit: int | None = None, dry_ru
     for cid, reason in unsupported:
         echo(f"skipping {cid}: {reason}")
     done = len(todo) - len(pending) - len(unsupported)
-    label = "" if engine == "torch" else f" ({engine})"
+    label = (" (staged torch_next)" if staged else "") if engine == "torch" else f" ({engine})"
     echo(f"{study} on {profile}{label}: {len(todo)} cells, {done} done, {len(pending)} to run"
          + (f", {len(unsupported)} unsupported" if engine == "vllm" else ""))
     counts = {"cells": len(todo), "ran": 0, "pending": len(pending)}
