@@ -10,7 +10,7 @@ from specdec.data.spec import Study
 from specdec.engines import harness
 from specdec.errors import SpecdecError
 
-STAGED = "    torch_next: {attention: gqa, verify: proposed}\n"
+STAGED = "    torch_next: {attention: gqa, verify: ragged}\n"
 
 
 def _root(tmp_path, monkeypatch, text: str):
@@ -35,7 +35,7 @@ def test_staging_changes_no_hash_and_the_staged_view_is_the_promoted_config():
     bare = {k: v for k, v in cfg.items() if k != "torch_next"}
     for engine in ("torch", "vllm"):
         assert config.config_hash(cfg, engine) == config.config_hash(bare, engine)
-    promoted = dict(bare, torch={"linear": "onednn", "attention": "gqa", "verify": "proposed"})
+    promoted = dict(bare, torch={"linear": "onednn", "attention": "gqa", "verify": "ragged"})
     view = config.next_view(cfg)
     assert "torch_next" not in view and view["torch"] == promoted["torch"]
     assert config.config_hash(view) == config.config_hash(promoted) != config.config_hash(cfg)
@@ -83,7 +83,10 @@ def test_staged_runs_are_set_aside_until_promoted_then_current(tmp_path, monkeyp
                     "is promoted into torch)"]
     again = harness.measure("batch", "fixture", only="bs1-k0-*,bs1-k2-ngram-*", echo=quiet, staged=True)
     assert again["ran"] == 0  # staged sweeps resume like any other
-    promoted = text.replace(STAGED, "    torch: {attention: gqa, verify: proposed}\n")
+    cells = len(config.cells(config.load_study("batch", "fixture")))
+    assert rawdata.staged_progress("batch", "fixture") == (2, cells)
+    assert rawdata.staged_progress("hardware", "fixture") is None
+    promoted = text.replace(STAGED, "    torch: {attention: gqa, verify: ragged}\n")
     (tmp_path / "configs" / "batch.yaml").write_text(promoted)
     rawdata._HASHES.clear()
     msgs.clear()
@@ -91,6 +94,7 @@ def test_staged_runs_are_set_aside_until_promoted_then_current(tmp_path, monkeyp
     assert sorted(m["config"]["torch"]["attention"] for _, m in runs) == ["gqa", "gqa"]
     assert all(m["config_sha256"] == staged_hash for _, m in runs)
     assert msgs == ["ignored 1 run(s) of batch/fixture measured under an older config"]
+    assert rawdata.staged_progress("batch", "fixture") is None  # nothing staged any more
 
 
 def test_next_on_a_study_that_stages_nothing_or_for_vllm_is_one_line(capsys):

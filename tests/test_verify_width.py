@@ -61,7 +61,7 @@ def test_the_key_reaches_the_engine_is_hashed_for_torch_only_and_bad_values_get_
     cell = {"batch": 1, "k": 3, "proposer": "ngram"}
     assert harness.gen_config(st, cell).verify == "proposed"
     assert harness.gen_config(Study.from_dict(cfg), cell).verify == "k"
-    with pytest.raises(SpecdecError, match="torch.verify must be one of k, proposed"):
+    with pytest.raises(SpecdecError, match="torch.verify must be one of k, proposed, ragged"):
         Study.from_dict(dict(cfg, torch={"verify": "all"}))
     prop = dict(cfg, torch={"verify": "proposed"})
     assert config.config_hash(prop, "torch") != config.config_hash(cfg, "torch")

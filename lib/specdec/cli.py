@@ -82,7 +82,8 @@ def _known_profile(gpu: str) -> None:
 
 @app.command()
 def status(gpu: str = typer.Option(None, help="profile to list (default: all)")):
-    """List complete, partial and corrupt raw runs (exit 1 when any run is corrupt)."""
+    """List complete, partial and corrupt raw runs (exit 1 when any run is corrupt), and how far each staged
+    torch_next sweep has come."""
     from .data import rawdata
     if gpu is not None:
         _known_profile(gpu)
@@ -94,6 +95,13 @@ def status(gpu: str = typer.Option(None, help="profile to list (default: all)"))
     for folder, why in bad:
         typer.echo(f"CORRUPT   {folder}: {why}")
     typer.echo(f"{len(complete)} complete, {len(partial)} partial, {len(bad)} corrupt")
+    from .data import config, hardware
+    for prof in [gpu] if gpu else hardware.profile_names():
+        for study in config.study_names():
+            got = rawdata.staged_progress(study, prof) if prof in hardware.profile_names() else None
+            if got:
+                typer.echo(f"staged torch_next of {study}/{prof}: {got[0]} of {got[1]} cells measured "
+                           f"(make measure-next GPU={prof} STUDY={study}; promote when complete)")
     if bad:
         raise typer.Exit(1)
 

@@ -245,6 +245,20 @@ def _staged_hash(study: str, profile: str | None) -> str | None:
     return _HASHES[key]
 
 
+def staged_progress(study: str, profile: str) -> tuple[int, int] | None:
+    """(cells measured, cells in the grid) of the torch engine under a profile's staged torch_next
+    (config.next_view; `measure --next`), or None when the profile stages nothing for the study."""
+    from . import config
+
+    cfg = config.load_study(study, profile)
+    if not cfg.get("torch_next"):
+        return None
+    view = config.next_view(cfg)
+    tag = config.config_hash(view)[:8]
+    names = {f"{config.cell_id(c)}-{tag}" for c in config.cells(view)}
+    return len(names & {p.name for p in scan(profile, study)[0]}), len(names)
+
+
 def _keep_current(metas: list[dict], study: str, warn) -> list[bool]:
     """Per profile: when some runs match the current config hash (of their own engine's view of the config,
     config.config_hash), keep only those (older-config runs are reported and ignored); when none match (e.g.

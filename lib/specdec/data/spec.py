@@ -146,7 +146,7 @@ class Slo:
 
 LINEAR_PATHS = ("dense", "onednn")  # onednn.py
 ATTENTION_PATHS = ("sdpa", "gqa")  # attention.py
-VERIFY_WIDTHS = ("k", "proposed")  # engine.SpecEngine.step
+VERIFY_WIDTHS = ("k", "proposed", "ragged")  # engine.SpecEngine.step
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,9 @@ class TorchEngine:
     verify: how many tokens per sequence a step's target forward verifies: "k" (always k+1: an n-gram lookup
     that proposed fewer, or nothing, is padded) or "proposed" (1 + the longest proposal in the batch: a step
     where no sequence's lookup matched is a plain 1-token forward, as in vLLM, which verifies only what was
-    proposed). Greedy outputs are the same either way; the draft model always proposes k."""
+    proposed) or "ragged" (that width, and the target's Linears multiply only each sequence's pending token and
+    real proposals, engines/ragged.py, as vLLM packs them). Greedy outputs are the same every way; the draft
+    model always proposes k."""
 
     linear: str = "dense"
     attention: str = "sdpa"

@@ -19,7 +19,7 @@ import torch
 
 from ..data.spec import PROPOSERS, VERIFY_WIDTHS, Cell, Generation, proposer_names
 from ..errors import SpecdecError
-from . import ngram, verify
+from . import ngram, ragged, verify
 from .kv import KVState
 from .kv import prefill as prefill_kv
 from .proposers import DraftProposer, NgramProposer
@@ -47,7 +47,8 @@ class GenConfig(Generation):
     # cap the replay.
     replay: tuple[tuple[int, ...], ...] | None = None
     # tokens verified per sequence per step (the study's torch.verify): "k" = k+1 always (short proposals
-    # padded); "proposed" = 1 + the longest real proposal in the batch (replayed cells always verify k+1)
+    # padded); "proposed" = 1 + the longest real proposal in the batch; "ragged" = that width, with the target's
+    # Linears computing only each sequence's real tokens (ragged.py). Replayed cells always verify k+1.
     verify: str = "k"
 
     @classmethod
@@ -113,6 +114,8 @@ class SpecEngine:
         if model_based and self.cfg.k > 0 and draft is None:
             raise SpecdecError(f"proposer '{self.cfg.proposer}' needs a draft model")
         self.target, self.draft = target, draft
+        if self.cfg.verify == "ragged":  # transparent outside ragged.only (idempotent)
+            ragged.apply(target)
         self.device = next(target.parameters()).device
         self.eos = eos_token_id
         self.pad = pad_token_id
@@ -208,13 +211,20 @@ class SpecEngine:
         k = drafts.shape[1]
         if cfg.replay is not None:  # replay: every sequence proposed k (an n-gram miss is padding)
             counts = torch.full_like(counts, k)
-        elif cfg.verify == "proposed" and k and int(counts.max()) < k:  # verify only what was proposed
+        elif cfg.verify != "k" and k and int(counts.max()) < k:  # verify only what was proposed
             k = int(counts.max())
             drafts = drafts[:, :k]
         t1 = clock(self.device)
         start = self.tkv.slots
         verify_in = torch.cat([self.last[:, None], drafts], 1)
-        plogits = self.tkv.forward(verify_in, torch.ones_like(verify_in, dtype=torch.bool))
+        valid = torch.ones_like(verify_in, dtype=torch.bool)
+        if cfg.verify == "ragged" and cfg.replay is None:  # padded proposals: holes, not multiplied
+            valid = torch.arange(k + 1, device=self.device)[None, :] <= counts[:, None]
+        if bool(valid.all()):
+            plogits = self.tkv.forward(verify_in, valid)
+        else:
+            with ragged.only(valid):
+                plogits = self.tkv.forward(verify_in, valid)
         t2 = clock(self.device)
         n, nxt = verify.verify(plogits, drafts, counts, q, cfg.temperature, self.gen, cfg.synthetic_alpha,
                                self._forced(k))

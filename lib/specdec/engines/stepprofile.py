@@ -144,27 +144,31 @@ def gqa_attention(batch: int, heads: int, kv_heads: int, context: int, head_dim:
 
 
 def verify_widths(target, tok, plist: list[list[int]], k: int, new_tokens: int, pairs: int = 2,
-                  match: str = "earliest") -> pd.DataFrame:
-    """Greedy n-gram SD with the torch engine over one static batch of prompts (token ids), the target's verify
-    padded to k+1 tokens (torch.verify "k") against verifying 1 + the batch's longest proposal ("proposed"),
-    interleaved A B, B A, ... for `pairs` pairs. One row per run: pair, verify, decode_s [s], tokens, tok_s
-    [tokens/s], steps, columns (mean token columns per sequence per verify forward), same (greedy tokens equal
-    to the padded run's of the same pair). A diagnosis, not a study: no raw folder, no CI."""
+                  match: str = "earliest", arms: tuple = ("k", "proposed")) -> pd.DataFrame:
+    """Greedy n-gram SD with the torch engine over one static batch of prompts (token ids), two torch.verify
+    settings (`arms`: "k" pads every verify to k+1 tokens, "proposed" verifies 1 + the batch's longest proposal,
+    "ragged" that width with only the real tokens multiplied), interleaved A B, B A, ... for `pairs` pairs. One
+    row per run: pair, verify, decode_s [s], tokens, tok_s [tokens/s], steps, columns (mean token columns per
+    verify forward), rows (mean tokens per sequence the Linears multiply per verify), same (greedy tokens equal
+    to the first arm's run of the same pair). A diagnosis, not a study: no raw folder, no CI."""
     from . import pairing
     from .engine import GenConfig, generate
 
     pad = getattr(tok, "pad_token_id", 0) or 0
     rows = []
     for i in range(pairs):
-        for width in pairing.order(i, ("k", "proposed")):
+        for width in pairing.order(i, tuple(arms)):
             cfg = GenConfig(k=k, proposer="ngram", max_new_tokens=new_tokens, ignore_eos=True, ngram_match=match,
                             verify=width)
             eng, _, dec = generate(target, None, plist, cfg, pad_token_id=pad)
             out = [s.generated for s in eng.seqs]
             widths = [1 + (k if width == "k" else max(st["proposed"])) for st in eng.steps]
+            mult = [(sum(1 + p for p in st["proposed"]) / len(st["proposed"])) if width == "ragged" else w
+                    for st, w in zip(eng.steps, widths)]
             tokens = sum(len(g) for g in out)
             rows.append({"pair": i, "verify": width, "decode_s": dec, "tokens": tokens, "tok_s": tokens / dec,
-                         "steps": len(eng.steps), "columns": sum(widths) / max(len(widths), 1), "out": out})
+                         "steps": len(eng.steps), "columns": sum(widths) / max(len(widths), 1),
+                         "rows": sum(mult) / max(len(mult), 1), "out": out})
         a, b = rows[-2:]
         for r in (a, b):
             r["same"] = a["out"] == b["out"]
@@ -184,8 +188,10 @@ def main(argv=None) -> None:
                     help="only time attention with a mask, repeat_kv vs enable_gqa (gqa_attention), for this shape "
                          "(Qwen2.5-1.5B: 12 2 128 28)")
     ap.add_argument("--verify", type=int, metavar="K", default=None,
-                    help="only time greedy n-gram SD at this k, verify padded vs proposed (verify_widths), on the "
-                         "first --batch prompts of --study's cpu prompts")
+                    help="only time greedy n-gram SD at this k, two verify settings (--arms; verify_widths), on "
+                         "the first --batch prompts of --study's cpu prompts")
+    ap.add_argument("--arms", nargs=2, default=["k", "proposed"], metavar=("A", "B"),
+                    help="the two torch.verify settings --verify interleaves (k, proposed, ragged)")
     ap.add_argument("--study", default="acceptance", help="whose prompts and new tokens --verify uses")
     ap.add_argument("--pairs", type=int, default=2, help="interleaved pairs for --verify")
     ap.add_argument("--out", default=None, help="CSV to write (default: print only)")
@@ -214,7 +220,7 @@ def main(argv=None) -> None:
         plist = [p["ids"] for p in tokenized_prompts(st, pair.tokenizer)][: a.batch[0]]
         with torch.no_grad():
             out = verify_widths(model, pair.tokenizer, plist, a.verify, st.generation.max_new_tokens, a.pairs,
-                                st.generation.ngram_match)
+                                st.generation.ngram_match, tuple(a.arms))
     else:
         out = pd.concat([f(model, b, a.context).assign(what=what) for b in a.batch
                          for what, f in (("bare forward", profile_step), ("engine decode", profile_engine))
