@@ -105,3 +105,23 @@ def test_next_on_a_study_that_stages_nothing_or_for_vllm_is_one_line(capsys):
         assert e.value.code == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("error:") and msg in err and "\n" not in err
+
+
+def test_the_preview_reads_staged_runs_as_current(tmp_path, monkeypatch):
+    """SPECDEC_STAGED=1: analysis takes the staged runs as the torch engine's current ones (the promotion
+    previewed on what exists), without touching the config."""
+    _root(tmp_path, monkeypatch, _staged_text())
+    quiet = lambda *_: None  # noqa: E731
+    harness.measure("batch", "fixture", only="bs1-k0-*", echo=quiet)
+    harness.measure("batch", "fixture", only="bs1-k0-*", echo=quiet, staged=True)
+    from specdec.data import tables
+    plain = tables.signature("fixture", "batch")
+    monkeypatch.setenv(rawdata.PREVIEW_ENV, "1")
+    assert tables.signature("fixture", "batch")[:2] == plain[:2]  # the same runs ...
+    assert tables.signature("fixture", "batch")[2] != plain[2]  # ... another selection: tables are rebuilt
+    msgs = []
+    runs = rawdata.current_runs("batch", "fixture", warn=msgs.append)
+    assert [m["config"]["torch"] for _, m in runs] == [{"attention": "gqa", "verify": "ragged"}]
+    assert msgs == ["ignored 1 run(s) of batch/fixture measured under an older config"]
+    monkeypatch.setenv(rawdata.PREVIEW_ENV, "0")
+    assert [m["config"].get("torch") for _, m in rawdata.current_runs("batch", "fixture", warn=quiet)] == [None]

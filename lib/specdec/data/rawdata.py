@@ -217,9 +217,17 @@ def _config_stamp(study: str) -> tuple | None:
     return (path.stat().st_mtime_ns, path.stat().st_size) if path.exists() else None
 
 
+PREVIEW_ENV = "SPECDEC_STAGED"  # "1": analysis reads a profile's staged torch runs as if torch_next were promoted
+
+
 def _current_hash(study: str, profile: str | None, engine: str = "torch") -> str | None:
-    """config_sha256 of the study config as it is now for `profile` and `engine` (None if it cannot be loaded)."""
+    """config_sha256 of the study config as it is now for `profile` and `engine` (None if it cannot be loaded).
+    With SPECDEC_STAGED=1 in the environment, the torch engine's current hash is the staged one where the
+    profile stages torch_next (a preview of the promotion on whatever staged cells exist; the config is untouched)."""
     from . import config
+
+    if engine == "torch" and os.environ.get(PREVIEW_ENV) == "1" and _staged_hash(study, profile):
+        return _staged_hash(study, profile)
 
     key = (str(paths.configs()), _config_stamp(study), study, profile, engine)
     if key not in _HASHES:

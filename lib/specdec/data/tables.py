@@ -110,9 +110,11 @@ def _check(profile: str, study: str, name: str | None = None) -> None:
         raise SpecdecError(f"unknown table '{name}'; known: {', '.join(NAMES)}")
 
 
-def signature(profile: str, study: str) -> tuple[str, tuple]:
+def signature(profile: str, study: str) -> tuple[str, tuple, str]:
     """What the tables are built from: (raw root, ((run folder, sha256 of its meta.json), ...) of every
-    complete run). The same run names under another raw root are other runs."""
+    complete run, the selection). The same run names under another raw root are other runs; the selection is
+    the config hashes whose runs count as current (rawdata._current_hash, both engines), so an edited config
+    (a promoted torch_next) or the staged preview (SPECDEC_STAGED) rebuilds the tables."""
     complete, partial, bad = rawdata.scan_all(profile, study)
     for f in partial:
         _warn(f"skipping partial run {f} (no complete meta.json)")
@@ -126,7 +128,8 @@ def signature(profile: str, study: str) -> tuple[str, tuple]:
             runs_.append((f.name, _meta_sha(str(f / "meta.json"), st.st_mtime_ns, st.st_size)))
         except OSError:
             pass
-    return str(paths.raw_root()), tuple(runs_)
+    selection = " ".join(f"{e}:{(rawdata._current_hash(study, profile, e) or '-')[:12]}" for e in ("torch", "vllm"))
+    return str(paths.raw_root()), tuple(runs_), selection
 
 
 @lru_cache(maxsize=4096)
@@ -332,6 +335,7 @@ def write(profile: str, studies: list[str] | None = None, echo=print) -> list[Pa
             continue
         tabs = build(profile, study)
         _replace_folder(out, tabs, {"gpu": profile, "study": study, "schema": SCHEMA, "raw_root": sig[0],
+                                    "selection": sig[2],
                                     "runs": [list(r) for r in sig[1]], "tables": sorted(tabs)})
         echo(f"{study}: {', '.join(f'{n} ({len(d)})' for n, d in tabs.items())} -> {out}")
         written.append(manifest)
@@ -361,7 +365,8 @@ def _replace_folder(out: Path, tabs: dict, manifest: dict) -> None:
 def _manifest_matches(manifest: Path, sig: tuple) -> bool:
     try:
         m = json.loads(manifest.read_text())
-        return m.get("schema") == SCHEMA and (m["raw_root"], tuple(tuple(r) for r in m["runs"])) == sig
+        return m.get("schema") == SCHEMA and (m["raw_root"], tuple(tuple(r) for r in m["runs"]),
+                                              m.get("selection")) == sig
     except (OSError, json.JSONDecodeError, KeyError, TypeError):
         return False
 
