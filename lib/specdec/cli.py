@@ -96,9 +96,10 @@ def status(gpu: str = typer.Option(None, help="profile to list (default: all)"))
         typer.echo(f"CORRUPT   {folder}: {why}")
     typer.echo(f"{len(complete)} complete, {len(partial)} partial, {len(bad)} corrupt")
     from .data import config, hardware
-    for prof in [gpu] if gpu else hardware.profile_names():
+    known = hardware.profile_names()
+    for prof in [p for p in ([gpu] if gpu else known) if p in known]:
         for study in config.study_names():
-            got = rawdata.staged_progress(study, prof) if prof in hardware.profile_names() else None
+            got = rawdata.staged_progress(study, prof)
             if got:
                 typer.echo(f"staged torch_next of {study}/{prof}: {got[0]} of {got[1]} cells measured "
                            f"(make measure-next GPU={prof} STUDY={study}; promote when complete)")

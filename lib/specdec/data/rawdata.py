@@ -226,8 +226,9 @@ def _current_hash(study: str, profile: str | None, engine: str = "torch") -> str
     profile stages torch_next (a preview of the promotion on whatever staged cells exist; the config is untouched)."""
     from . import config
 
-    if engine == "torch" and os.environ.get(PREVIEW_ENV) == "1" and _staged_hash(study, profile):
-        return _staged_hash(study, profile)
+    staged = _staged_hash(study, profile) if engine == "torch" and os.environ.get(PREVIEW_ENV) == "1" else None
+    if staged:
+        return staged
 
     key = (str(paths.configs()), _config_stamp(study), study, profile, engine)
     if key not in _HASHES:
@@ -261,7 +262,7 @@ def staged_progress(study: str, profile: str) -> tuple[int, int] | None:
     cfg = config.load_study(study, profile)
     if not cfg.get("torch_next"):
         return None
-    view = config.next_view(cfg)
+    view = config.next_view(cfg)  # a torch_next it refuses is a one-line error here
     tag = config.config_hash(view)[:8]
     names = {f"{config.cell_id(c)}-{tag}" for c in config.cells(view)}
     return len(names & {p.name for p in scan(profile, study)[0]}), len(names)
@@ -277,13 +278,13 @@ def _keep_current(metas: list[dict], study: str, warn) -> list[bool]:
         match = [i for i in idx
                  if metas[i].get("config_sha256") == _current_hash(study, prof, metas[i].get("engine") or "torch")]
         if match and len(match) < len(idx):
-            for i in set(idx) - set(match):
+            others = set(idx) - set(match)
+            for i in others:
                 keep[i] = False
             staged = _staged_hash(study, prof)
-            n_staged = sum(1 for i in set(idx) - set(match) if staged and metas[i].get("config_sha256") == staged)
-            if len(idx) - len(match) - n_staged:
-                warn(f"ignored {len(idx) - len(match) - n_staged} run(s) of {study}/{prof} measured under an "
-                     f"older config")
+            n_staged = sum(1 for i in others if staged and metas[i].get("config_sha256") == staged)
+            if len(others) - n_staged:
+                warn(f"ignored {len(others) - n_staged} run(s) of {study}/{prof} measured under an older config")
             if n_staged:
                 warn(f"set aside {n_staged} run(s) of {study}/{prof} measured under the staged torch_next "
                      f"(current once it is promoted into torch)")

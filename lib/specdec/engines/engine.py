@@ -13,6 +13,7 @@ functions), kv.py holds caches, timing.py is the one synchronized clock.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -217,14 +218,12 @@ class SpecEngine:
         t1 = clock(self.device)
         start = self.tkv.slots
         verify_in = torch.cat([self.last[:, None], drafts], 1)
-        valid = torch.ones_like(verify_in, dtype=torch.bool)
-        if cfg.verify == "ragged" and cfg.replay is None:  # padded proposals: holes, not multiplied
-            valid = torch.arange(k + 1, device=self.device)[None, :] <= counts[:, None]
-        if bool(valid.all()):
+        valid, rows = torch.ones_like(verify_in, dtype=torch.bool), nullcontext()
+        if cfg.verify == "ragged" and cfg.replay is None and int(counts.min()) < k:  # padded proposals: holes,
+            valid = torch.arange(k + 1, device=self.device)[None, :] <= counts[:, None]  # not multiplied
+            rows = ragged.only(valid)
+        with rows:
             plogits = self.tkv.forward(verify_in, valid)
-        else:
-            with ragged.only(valid):
-                plogits = self.tkv.forward(verify_in, valid)
         t2 = clock(self.device)
         n, nxt = verify.verify(plogits, drafts, counts, q, cfg.temperature, self.gen, cfg.synthetic_alpha,
                                self._forced(k))

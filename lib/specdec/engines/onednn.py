@@ -51,11 +51,16 @@ def pack_linears(model) -> int:
     if why:
         raise ValueError(why)
     names = [name for name, mod in model.named_modules() if type(mod) is torch.nn.Linear]
-    for name in names:  # one layer at a time: each dense weight is freed once its packed copy exists
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, PackedLinear(getattr(parent, child)))
+    replace(model, names, PackedLinear)  # one layer at a time: each dense weight is freed once packed
     return len(names)
+
+
+def replace(model, names: list[str], make) -> None:
+    """Replace each submodule of `model` named in `names` by make(submodule), in place, one at a time."""
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, child, make(getattr(parent, child)))
 
 
 def apply(model, path: str):

@@ -54,20 +54,14 @@ def only(valid: torch.Tensor):
         _STATE.rows, _STATE.total = None, 0
 
 
-def _linear_like(mod) -> bool:
-    from .onednn import PackedLinear
-    return type(mod) in (torch.nn.Linear, PackedLinear)
-
-
 def apply(model):
     """Wrap every Linear of `model` (lm_head included) in a RaggedLinear, in place; idempotent. Returns model."""
-    names = [name for name, mod in model.named_modules() if _linear_like(mod)
-             and not isinstance(model.get_submodule(name.rpartition(".")[0]) if "." in name else model,
-                                RaggedLinear)]
-    for name in names:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, RaggedLinear(getattr(parent, child)))
+    from . import onednn
+
+    linear = (torch.nn.Linear, onednn.PackedLinear)
+    names = [name for name, mod in model.named_modules() if type(mod) in linear
+             and not isinstance(model.get_submodule(name.rpartition(".")[0]), RaggedLinear)]
+    onednn.replace(model, names, RaggedLinear)
     return model
 
 
