@@ -171,9 +171,9 @@ def test_measure_never_touches_a_corrupt_complete_run(raw_copy, monkeypatch):
     run = _current(raw_copy)
     (run / "requests.parquet").write_bytes(b"garbage")
     cfg = config.load_study("batch", "fixture")
-    cells = [c for c in config.cells(cfg) if f"{config.cell_id(c)}-{config.config_hash(cfg)[:8]}" == run.name]
+    cells = [c for c in config.cells(cfg) if config.run_name(c, config.config_hash(cfg)) == run.name]
     pending, _ = rawdata.pending_cells("fixture", "batch", cells,
-                                       lambda c: f"{config.cell_id(c)}-{config.config_hash(cfg)[:8]}")
+                                       lambda c: config.run_name(c, config.config_hash(cfg)))
     assert pending == [] and (run / "requests.parquet").read_bytes() == b"garbage"
 
 
@@ -216,7 +216,7 @@ def test_dry_run_changes_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_RAW", str(raw))
     cfg = config.load_study("batch", "fixture")
     cell = config.cells(cfg)[0]
-    partial = raw / "fixture" / "batch" / f"{config.cell_id(cell)}-{config.config_hash(cfg)[:8]}"
+    partial = raw / "fixture" / "batch" / config.run_name(cell, config.config_hash(cfg))
     partial.mkdir(parents=True)
     (partial / "requests.parquet").write_bytes(b"half")
     from specdec.engines import harness

@@ -245,6 +245,12 @@ def cell_id(cell: dict) -> str:
     return "-".join(parts)
 
 
+def run_name(cell: dict, chash: str, engine: str = "torch") -> str:
+    """A cell's raw run folder name: `<cell id>-<hash[:8]>`, and `<cell id>-vllm-<hash[:8]>` for vLLM runs, where
+    chash is config_hash of the config the run measures (its engine's view, or next_view for staged runs)."""
+    return f"{cell_id(cell)}-{'vllm-' if engine == 'vllm' else ''}{chash[:8]}"
+
+
 def engine_view(cfg: dict, engine: str) -> dict:
     """The study config as `engine` runs it: for vLLM, a study config without its own `vllm` section takes the
     hardware profile's (`vllm:` in configs/hardware/<profile>.yaml: how vLLM fits that machine, e.g. its memory),

@@ -263,8 +263,8 @@ def staged_progress(study: str, profile: str) -> tuple[int, int] | None:
     if not cfg.get("torch_next"):
         return None
     view = config.next_view(cfg)  # a torch_next it refuses is a one-line error here
-    tag = config.config_hash(view)[:8]
-    names = {f"{config.cell_id(c)}-{tag}" for c in config.cells(view)}
+    chash = config.config_hash(view)
+    names = {config.run_name(c, chash) for c in config.cells(view)}
     return len(names & {p.name for p in scan(profile, study)[0]}), len(names)
 
 

@@ -59,9 +59,8 @@ def plan(study: str, profile: str, engine: str, limit: int | None = None, dry_ru
     st = Study.from_dict(cfg)  # parsed once; every engine helper takes this
     todo = cfgmod.select(cfgmod.cells(cfg), only, study)
     chash = cfgmod.config_hash(cfg, kind)
-    tag = "vllm-" if kind == "vllm" else ""
     pending, unsupported = rawdata.pending_cells(
-        profile, study, todo, lambda c: f"{cfgmod.cell_id(c)}-{tag}{chash[:8]}", echo,
+        profile, study, todo, lambda c: cfgmod.run_name(c, chash, kind), echo,
         prepare=(lambda c: prepare(st, c)) if prepare else None, dry_run=dry_run)
     for cid, reason in unsupported:
         echo(f"skipping {cid}: {reason}")
