@@ -169,6 +169,18 @@ def test_static_steps_per_request_keeps_slow_requests_slow():
     assert predict.static_steps(acc, 3, 8, 12, per_request=False) < 10
 
 
+def test_static_seconds_charges_each_step_the_width_still_running():
+    cost = {1: 1.0, 2: 1.5, 3: 2.0}
+    # batch 1: widths 3, 3, 2, 2, 2 (one sequence done after 2 steps); batch 2: widths 3, 1, 1, 1
+    finish = np.array([[5, 2, 5], [1, 4, 1]])
+    assert predict.static_seconds(finish, cost.__getitem__) == pytest.approx(((2 * 2 + 3 * 1.5) + (2 + 3 * 1)) / 2)
+    assert predict.static_seconds(np.full((4, 3), 7), cost.__getitem__) == pytest.approx(7 * 2.0)  # all at once
+    half = AcceptanceModel.iid(0.5, 4)
+    fin = predict.static_finish(half, 4, 16, 11, n_sim=200)
+    assert fin.shape == (200, 16) and fin.min() >= 3 and fin.max() <= 11
+    assert float(fin.max(axis=1).mean()) == predict.static_steps(half, 4, 16, 11, n_sim=200)
+
+
 def test_static_steps_limits():
     assert predict.static_steps(AcceptanceModel.iid(1.0, 4), 4, 8, 11) == 3  # ceil(11 / 5)
     assert predict.static_steps(AcceptanceModel.iid(0.0, 4), 4, 8, 11) == 11
@@ -233,14 +245,17 @@ def test_validate_fixture_runs():
     assert df.attrs["mape"] == pytest.approx(df["abs_pct_err"].mean())
 
 
-def _write(root, study, run_id, cell, tables, pair="tiny"):
+def _write(root, study, run_id, cell, tables, pair="tiny", torch=None):
     folder = root / "fixture" / study / run_id
     rawdata.write_run(folder, tables, {"study": study, "run_id": run_id, "profile": "fixture", "cell": cell,
-                                       "config": {"pair": pair}})
+                                       "config": {"pair": pair, **({"torch": torch} if torch else {})}})
 
 
-def test_validate_recovers_a_synthetic_world(tmp_path, monkeypatch):
-    """Raw data generated from a known cost model and acceptance: validate must predict it closely."""
+@pytest.mark.parametrize("finished", ["keep", "retire"])
+def test_validate_recovers_a_synthetic_world(tmp_path, monkeypatch, finished):
+    """Raw data generated from a known cost model and acceptance: validate must predict it closely, with a static
+    batch's finished sequences kept to its end (computed at full width) or retired (torch.finished: retire: the
+    tail runs narrower and cheaper)."""
     monkeypatch.setenv("SPECDEC_RAW", str(tmp_path))
     truth = costs(target=LinearCost(2e-3, 1e-4, 2e-7), draft=LinearCost(3e-4, 1e-5, 2e-8))
     base = {"mode": "static", "temperature": 0.0, "alpha": None, "quant": "none", "rate": None, "context": None}
@@ -267,21 +282,32 @@ def test_validate_recovers_a_synthetic_world(tmp_path, monkeypatch):
     for bs in (1, 4):
         for k in (0, 3):
             groups = []
+            ctx = prompt + (need + 1) / 2
             for g in range(300):
                 if k == 0:
-                    steps = need
+                    steps, decode_s = need, need * float(truth.step_s(bs, k, ctx))
                 else:  # simulate this batch: every sequence is a random kind of request
                     per_seq = np.array([np.cumsum(np.minimum(draw(rng.integers(2), need), k) + 1) for _ in range(bs)])
-                    steps = int(((per_seq >= need).argmax(axis=1) + 1).max())
-                ctx = prompt + (need + 1) / 2
+                    finish = np.sort((per_seq >= need).argmax(axis=1) + 1)
+                    steps = int(finish[-1])
+                    if finished == "retire":  # steps between two finishes run the sequences still unfinished
+                        gaps = np.diff(finish, prepend=0)
+                        decode_s = sum(int(n) * float(truth.step_s(bs - j, k, ctx)) for j, n in enumerate(gaps))
+                    else:
+                        decode_s = steps * float(truth.step_s(bs, k, ctx))
                 groups.append({"repeat": 0, "batch_idx": g, "size": bs, "decode_tokens": bs * need, "steps": steps,
-                               "decode_s": steps * float(truth.step_s(bs, k, ctx))})
+                               "decode_s": decode_s})
             reqs = [{"repeat": 0, "batch_idx": g, "rid": i, "prompt_tokens": prompt, "new_tokens": need + 1}
                     for g in range(300) for i in range(bs)]
             _write(tmp_path, "batch", f"bs{bs}-k{k}", dict(base, batch=bs, k=k, proposer="draft" if k else "none"),
-                   {"batches": pd.DataFrame(groups), "requests": pd.DataFrame(reqs)})
+                   {"batches": pd.DataFrame(groups), "requests": pd.DataFrame(reqs)}, torch={"finished": finished})
     df = advise.validate("fixture")
-    assert len(df) == 2 and df.attrs["mape"] < 3
+    assert len(df) == 2 and df.attrs["mape"] < 3 and (df["finished"] == finished).all()
+    full_width = need * df["predicted_base_step_s"] / (df["predicted_steps"] * df["predicted_step_s"])
+    if finished == "retire":  # at bs 4 the narrowing tail is cheaper than full-width steps; bs 1 has no tail
+        assert df.loc[1, "predicted"] > 1.03 * full_width[1] and df.loc[0, "predicted"] == pytest.approx(full_width[0])
+    else:
+        assert df["predicted"].to_numpy() == pytest.approx(full_width.to_numpy())
     assert df["predicted_step_s"].to_numpy() == pytest.approx(df["measured_step_s"].to_numpy(), rel=1e-6)
     assert (df["predicted"] != df["predicted_steady"]).all()  # the static-batch tail is modelled
     pooled = advise.validate("fixture", per_request=False)  # ignores that slow requests hold up a batch

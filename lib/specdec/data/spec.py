@@ -147,6 +147,7 @@ class Slo:
 LINEAR_PATHS = ("dense", "onednn")  # onednn.py
 ATTENTION_PATHS = ("sdpa", "gqa")  # attention.py
 VERIFY_WIDTHS = ("k", "proposed", "ragged")  # engine.SpecEngine.step
+FINISHED_RULES = ("keep", "retire")  # engine.decode
 
 
 @dataclass(frozen=True)
@@ -161,11 +162,17 @@ class TorchEngine:
     where no sequence's lookup matched is a plain 1-token forward, as in vLLM, which verifies only what was
     proposed) or "ragged" (that width, and the target's Linears multiply only each sequence's pending token and
     real proposals, engines/ragged.py, as vLLM packs them). Greedy outputs are the same every way; the draft
-    model always proposes k."""
+    model always proposes k.
+    finished: what a static batch does with a sequence that has all its tokens while others decode on: "keep"
+    (it stays in the batch to the end, computed and discarded: the batch is as wide at its last step as at its
+    first) or "retire" (it leaves the batch, as vLLM's scheduler drops a finished request, so later steps run
+    only the unfinished ones). Without speculation every sequence of a batch finishes at the same step
+    (ignore_eos), so this matters only to SD arms, whose sequences accept at different rates."""
 
     linear: str = "dense"
     attention: str = "sdpa"
     verify: str = "k"
+    finished: str = "keep"
 
     def __post_init__(self):
         if self.linear not in LINEAR_PATHS:
@@ -175,6 +182,8 @@ class TorchEngine:
                                f"got '{self.attention}'")
         if self.verify not in VERIFY_WIDTHS:
             raise SpecdecError(f"torch.verify must be one of {', '.join(VERIFY_WIDTHS)}, got '{self.verify}'")
+        if self.finished not in FINISHED_RULES:
+            raise SpecdecError(f"torch.finished must be one of {', '.join(FINISHED_RULES)}, got '{self.finished}'")
 
 
 @dataclass(frozen=True)

@@ -63,8 +63,8 @@ UNIT_KEYS = ["repeat", "batch_idx", "rid"]
 _FLOAT_KEYS = ("alpha", "rate", "context", "requests")
 _TEXT_KEYS = ("mode", "proposer", "quant", "profile", "engine", "run_id", "pair", "trace")
 # Bumped when the tables' columns change, so tables written by older code are rebuilt rather than read
-# (2: the cell key `trace`, the replayed dataset; 3: the serving study's `windows`).
-SCHEMA = 3
+# (2: the cell key `trace`, the replayed dataset; 3: the serving study's `windows`; 4: runs' `finished`).
+SCHEMA = 4
 
 _warned: set[str] = set()
 
@@ -165,10 +165,19 @@ def _probe(meta: dict, when: str) -> float:
         return np.nan
 
 
+def _finished(meta: dict) -> str:
+    """What the run's engine did with a static batch's finished sequences: "retire" (vLLM's scheduler; the torch
+    engine under torch.finished: retire) or "keep" (the torch engine's default: computed to the batch's end)."""
+    if meta.get("engine", "torch") != "torch":
+        return "retire"
+    return str((meta.get("config", {}).get("torch") or {}).get("finished", "keep"))
+
+
 def _runs(metas: list[tuple[Path, dict]]) -> pd.DataFrame:
     rows = [{"profile": m["profile"], "engine": m.get("engine", "torch"), "pair": m["config"].get("pair"),
              "run_id": m["run_id"], **{k: m["cell"].get(k) for k in CELL_KEYS},
              "config_sha256": m.get("config_sha256"), "has_steps": (f / "steps.parquet").exists(),
+             "finished": _finished(m),
              "started": m.get("started"), "probe_before_gbs": _probe(m, "before"),
              "probe_after_gbs": _probe(m, "after")}
             for f, m in metas]

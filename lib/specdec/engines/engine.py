@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from ..data.spec import PROPOSERS, VERIFY_WIDTHS, Cell, Generation, proposer_names
+from ..data.spec import FINISHED_RULES, PROPOSERS, VERIFY_WIDTHS, Cell, Generation, proposer_names
 from ..errors import SpecdecError
 from . import ngram, ragged, verify
 from .kv import KVState
@@ -51,14 +51,18 @@ class GenConfig(Generation):
     # padded); "proposed" = 1 + the longest real proposal in the batch; "ragged" = that width, with the target's
     # Linears computing only each sequence's real tokens (ragged.py). Replayed cells always verify k+1.
     verify: str = "k"
+    # a static batch's finished sequences (the study's torch.finished): "keep" them in the batch to its last step
+    # (computed, discarded) or "retire" them after the step that finished them (decode), as vLLM does
+    finished: str = "keep"
 
     @classmethod
-    def from_cell(cls, gen: Generation, cell: Cell, seed: int, verify: str = "k") -> "GenConfig":
+    def from_cell(cls, gen: Generation, cell: Cell, seed: int, verify: str = "k",
+                  finished: str = "keep") -> "GenConfig":
         """A cell's settings: the study's generation section, the cell's k, proposer, temperature and forced
-        acceptance (alpha), the run's seed and the torch engine's verify width; checked."""
+        acceptance (alpha), the run's seed and the torch engine's verify width and finished rule; checked."""
         own = {f.name: getattr(gen, f.name) for f in fields(Generation)}
         own.update(k=cell.k, proposer=cell.proposer, temperature=cell.temperature, seed=seed,
-                   synthetic_alpha=cell.alpha, verify=verify)
+                   synthetic_alpha=cell.alpha, verify=verify, finished=finished)
         return cls(**own).validate()
 
     def validate(self) -> "GenConfig":
@@ -78,6 +82,8 @@ class GenConfig(Generation):
                 raise SpecdecError("a replayed acceptance trace must hold non-empty acc_len lists of integers >= 1")
         if self.verify not in VERIFY_WIDTHS:
             raise SpecdecError(f"verify must be one of {', '.join(VERIFY_WIDTHS)}, got '{self.verify}'")
+        if self.finished not in FINISHED_RULES:
+            raise SpecdecError(f"finished must be one of {', '.join(FINISHED_RULES)}, got '{self.finished}'")
         if self.ngram_match not in ngram.MATCH_RULES:
             raise SpecdecError(f"unknown ngram_match '{self.ngram_match}' ({', '.join(ngram.MATCH_RULES)})")
         if self.temperature < 0:
@@ -128,6 +134,7 @@ class SpecEngine:
                              else NgramProposer(self.cfg.k, self.cfg.ngram_max, self.cfg.ngram_min,
                                                 self.cfg.ngram_match, self.pad, self.device))
         self.seqs: list[Sequence] = []
+        self.retired: list[Sequence] = []  # sequences retire() dropped from the batch, in the order they left
         self.last = torch.zeros(0, dtype=torch.long, device=self.device)  # pending token, not yet in target cache
         self.steps: list[dict] = []
         self.t0 = time.perf_counter()
@@ -168,6 +175,7 @@ class SpecEngine:
         new.tkv = self.tkv.clone()
         new.proposer = self.proposer.clone() if self.proposer is not None else None
         new.seqs = [copy.deepcopy(s) for s in self.seqs]
+        new.retired = [copy.deepcopy(s) for s in self.retired]
         new.last = self.last.clone()
         new.steps = []
         new.gen = torch.Generator(device=self.device).manual_seed(self.cfg.seed if seed is None else seed)
@@ -175,7 +183,8 @@ class SpecEngine:
         return new
 
     def retire(self) -> list[Sequence]:
-        """Drop finished sequences from the batch (continuous batching); returns them."""
+        """Drop finished sequences from the batch (continuous batching, or a static batch whose cfg.finished is
+        "retire"); returns them (they are also kept in self.retired: self.requests lists every sequence)."""
         keep = [i for i, s in enumerate(self.seqs) if not s.done]
         gone = [s for s in self.seqs if s.done]
         if gone:
@@ -185,7 +194,13 @@ class SpecEngine:
                 self.proposer.select(rows)
             self.last = self.last[rows]
             self.seqs = [self.seqs[i] for i in keep]
+            self.retired += gone
         return gone
+
+    @property
+    def requests(self) -> list[Sequence]:
+        """Every sequence this engine admitted, in the batch or retired, by rid (a static batch: prompt order)."""
+        return sorted(self.seqs + self.retired, key=lambda s: s.rid)
 
     def _commit(self, s: Sequence, toks: list[int], now: float) -> None:
         if s.done:
@@ -272,16 +287,20 @@ def prefill(target, draft, prompts: list[list[int]], cfg: GenConfig, eos_token_i
 
 
 def decode(eng: SpecEngine, max_steps: int | None = None) -> float:
-    """Step until every sequence is done (or max_steps); returns the decode seconds."""
+    """Step until every sequence is done (or max_steps); returns the decode seconds. Under cfg.finished
+    "retire" a sequence that finished leaves the batch after that step (eng.requests still lists it)."""
     t = clock(eng.device)
+    retire = eng.cfg.finished == "retire"
     while not eng.all_done() and (max_steps is None or len(eng.steps) < max_steps):
         eng.step()
+        if retire and not eng.all_done():
+            eng.retire()
     return clock(eng.device) - t
 
 
 def generate(target, draft, prompts: list[list[int]], cfg: GenConfig, eos_token_id=None, pad_token_id=0):
     """Static batching: prefill all prompts together, step until every sequence has max_new_tokens.
 
-    Returns (engine, prefill seconds, decode seconds); the sequences are engine.seqs in prompt order."""
+    Returns (engine, prefill seconds, decode seconds); the sequences are engine.requests, in prompt order."""
     eng, prefill_s = prefill(target, draft, prompts, cfg, eos_token_id, pad_token_id)
     return eng, prefill_s, decode(eng)

@@ -96,7 +96,7 @@ class ModelCache:
 def gen_config(st: Study, cell: dict, seed: int | None = None) -> GenConfig:
     """The engine settings of a cell (seed: the study's seed unless given)."""
     return GenConfig.from_cell(st.generation, Cell.from_dict(cell), st.seed if seed is None else seed,
-                               st.torch.verify)
+                               st.torch.verify, st.torch.finished)
 
 
 # whose traced acceptance a cell replays
@@ -200,12 +200,12 @@ def run_static(st: Study, cell, target, draft, plist, tok):
                 decode_s = decode(eng)
                 cpu_s = time.process_time() - cpu0
                 if arm == "cell":  # requests and steps describe the cell's own configuration
-                    reqs += _request_rows(eng.seqs, info, rep, bi)
+                    reqs += _request_rows(eng.requests, info, rep, bi)
                     steps += _step_rows(eng.steps, rep, bi)
                 batches.append({"repeat": rep, "batch_idx": bi, "arm": arm, "pair": pair, "size": len(group),
                                 "prefill_s": prefill_s, "decode_s": decode_s, "steps": len(eng.steps),
-                                "new_tokens": sum(len(s.generated) for s in eng.seqs),
-                                "decode_tokens": sum(len(s.generated) - 1 for s in eng.seqs),
+                                "new_tokens": sum(len(s.generated) for s in eng.requests),
+                                "decode_tokens": sum(len(s.generated) - 1 for s in eng.requests),
                                 # process CPU seconds over wall seconds: ~torch threads when nothing competes
                                 "cpu_util": cpu_s / decode_s})
     return reqs, steps, batches
@@ -343,7 +343,7 @@ def run_hf(st: Study, cell, target, draft, plist, tok):
 
     def ours(group):
         eng, _, _ = generate(target, draft, group, gen, tok.eos_token_id, pad)
-        return [s.generated for s in eng.seqs]
+        return [s.generated for s in eng.requests]
 
     def hf(group):
         return hf_generate(target, draft if k > 0 else None, group, k, gen.max_new_tokens, pad)

@@ -161,7 +161,7 @@ def verify_widths(target, tok, plist: list[list[int]], k: int, new_tokens: int, 
             cfg = GenConfig(k=k, proposer="ngram", max_new_tokens=new_tokens, ignore_eos=True, ngram_match=match,
                             verify=width)
             eng, _, dec = generate(target, None, plist, cfg, pad_token_id=pad)
-            out = [s.generated for s in eng.seqs]
+            out = [s.generated for s in eng.requests]
             widths = [1 + (k if width == "k" else max(st["proposed"])) for st in eng.steps]
             mult = [(sum(1 + p for p in st["proposed"]) / len(st["proposed"])) if width == "ragged" else w
                     for st, w in zip(eng.steps, widths)]

@@ -232,16 +232,16 @@ def replay_acceptance(ts, k_max: int):
 
 
 # -- static batches (validation on measured cells: report/advise.py) ------------------------------------
-def static_steps(acc: AcceptanceModel, k: int, batch: int, new_tokens: int, n_sim: int = 1000,
-                 seed: int = 0, extrapolate: bool = False, per_request: bool = True) -> float:
-    """Expected steps for a static batch: each of `batch` sequences needs `new_tokens` tokens, a step gives
-    min(n, k) + 1 tokens, and the batch runs until its slowest sequence is done.
+def static_finish(acc: AcceptanceModel, k: int, batch: int, new_tokens: int, n_sim: int = 1000, seed: int = 0,
+                  extrapolate: bool = False, per_request: bool = True) -> np.ndarray:
+    """Steps each sequence of `n_sim` simulated static batches takes to its `new_tokens` tokens: an (n_sim,
+    batch) integer array. A step gives min(n, k) + 1 tokens.
 
     per_request (and traces that all ran with k or more): each simulated sequence is a random traced request
     and draws its steps from that request's own accepted counts, so requests that accept little (prose
     vs code) slow the batch down as they do in reality; otherwise steps are i.i.d. from P(n | k)."""
     if k == 0 or new_tokens <= 0:
-        return float(max(new_tokens, 0))
+        return np.full((n_sim, batch), max(new_tokens, 0), dtype=int)
     rng = np.random.default_rng(seed)
     traces = acc.traces if per_request and acc.traces and min(t.k for t in acc.traces) >= k else None
     if traces:
@@ -255,6 +255,25 @@ def static_steps(acc: AcceptanceModel, k: int, batch: int, new_tokens: int, n_si
     else:
         n = rng.choice(k + 1, size=(n_sim, batch, new_tokens), p=acc.length_dist(k, extrapolate))
     done = np.cumsum(n + 1, axis=2) >= new_tokens
-    return float((done.argmax(axis=2) + 1).max(axis=1).mean())
+    return done.argmax(axis=2) + 1
+
+
+def static_steps(acc: AcceptanceModel, k: int, batch: int, new_tokens: int, n_sim: int = 1000,
+                 seed: int = 0, extrapolate: bool = False, per_request: bool = True) -> float:
+    """Expected steps for a static batch: each of `batch` sequences needs `new_tokens` tokens and the batch runs
+    until its slowest sequence is done (static_finish)."""
+    return float(static_finish(acc, k, batch, new_tokens, n_sim, seed, extrapolate, per_request).max(axis=1).mean())
+
+
+def static_seconds(finish: np.ndarray, step_s) -> float:
+    """Mean decode seconds of the simulated static batches `finish` (static_finish: steps per sequence) when a
+    finished sequence leaves the batch (torch.finished: retire, as vLLM's scheduler does): a step that m
+    sequences still need costs step_s(m) seconds. With every sequence kept to the end this would be
+    max steps x step_s(batch)."""
+    ordered = np.sort(np.asarray(finish), axis=1)
+    gaps = np.diff(ordered, axis=1, prepend=0)  # steps run by batch, batch - 1, ..., 1 sequences
+    widths = ordered.shape[1] - np.arange(ordered.shape[1])
+    cost = np.array([float(step_s(int(w))) for w in widths])
+    return float((gaps * cost).sum(axis=1).mean())
 
 

@@ -22,7 +22,7 @@ from ..model.acceptance import AcceptanceModel
 from ..model.costmodel import CostModel
 from ..model.predict import (ADVISE_MAX_BATCH, DEFAULT_CONTEXT, K_MAX, MAX_BATCH, MAX_TOKENS, PROPOSERS,
                              Prediction, best_break_even_alpha, break_even_alpha, break_even_tokens,
-                             load_acceptance, optimal_k, policy, predict, speedup, static_steps,
+                             load_acceptance, optimal_k, policy, predict, speedup, static_finish, static_seconds,
                              vllm_speculative_config)
 from . import analysis
 
@@ -221,7 +221,8 @@ def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int
     acceptance study (real traces,
     same proposer and temperature); each batch-study cell is then predicted for its batch size, k, mean
     context and output length (static batching: the batch waits for its slowest sequence, see
-    static_steps and `per_request`). Measured speedup = no-SD decode seconds per token / SD decode
+    static_finish and `per_request`; a torch run under torch.finished retire sums the costs of its narrowing
+    tail, static_seconds). Measured speedup = no-SD decode seconds per token / SD decode
     seconds per token at the same batch size (a paired cell's own interleaved no-SD batches, else the k=0
     cell); only `engine`'s cells (the cost model is fitted on the torch engine's forwards). Columns: cell keys, context, predicted, predicted_steady,
     measured, abs_pct_err [%], and predicted/measured steps per batch and seconds per step;
@@ -243,6 +244,13 @@ def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int
     cal = cfgmod.analysis_settings("batch", profile)["calibration"]
     costs = costmodel.fit_steps(profile, cal, pair, engine) if cal else costmodel.fit(profile, pair)
     keys = ["batch", "temperature", "quant"]
+    # torch runs under torch.finished: retire run a static batch's tail with its unfinished sequences only: their
+    # steps (and so the fit) carry each step's own width, and the prediction sums the costs of those widths
+    # (static_seconds). vLLM retires too, but its fit sees only each call's mean step at the cell's batch size,
+    # which already averages the narrowing tail, so its prediction keeps full-width steps.
+    runs = tables.runs(profile, "batch")
+    retire = set(runs.loc[runs.get("finished", pd.Series("keep", index=runs.index)) == "retire", "run_id"]) \
+        if engine == "torch" else set()
     models: dict[tuple, AcceptanceModel | None] = {}
     rows = []
     own = batches[batches["arm"] == "cell"]
@@ -276,18 +284,26 @@ def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int
                "predicted_step_s": float(costs.step_s(bs, k, ctx, c["proposer"])),
                "predicted_base_step_s": float(costs.step_s(bs, 0, ctx))}
         if acc is not None:
-            ext = k > acc.max_k
-            steps = static_steps(acc, k, bs, need, n_sim, seed, ext, per_request)
-            row.update(predicted_steps=steps, extrapolated=ext,
-                       predicted=need * row["predicted_base_step_s"] / (steps * row["predicted_step_s"]),
-                       predicted_steady=float(speedup(costs, acc, bs, k, ctx, c["proposer"], ext)))
+            ext, prop = k > acc.max_k, c["proposer"]
+
+            def sd_seconds(cm, finish):
+                """Predicted decode seconds of the cell's static batch under cost model cm."""
+                if run_id in retire:
+                    return static_seconds(finish, lambda m: cm.step_s(m, k, ctx, prop))
+                return float(finish.max(axis=1).mean()) * float(cm.step_s(bs, k, ctx, prop))
+
+            finish = static_finish(acc, k, bs, need, n_sim, seed, ext, per_request)
+            steps = float(finish.max(axis=1).mean())
+            row.update(predicted_steps=steps, extrapolated=ext, finished="retire" if run_id in retire else "keep",
+                       predicted=need * row["predicted_base_step_s"] / sd_seconds(costs, finish),
+                       predicted_steady=float(speedup(costs, acc, bs, k, ctx, prop, ext)))
             if n_boot:  # the interval advise would give: costs and acceptance resampled jointly
                 rng = np.random.default_rng([seed, bs, k])
                 reps = []
                 for i in range(n_boot):
                     cb, ab = costs.resample(rng), acc.resample(rng)
-                    sb = static_steps(ab, k, bs, need, max(n_sim // 10, 50), seed + i, ext, per_request)
-                    reps.append(need * cb.step_s(bs, 0, ctx) / (sb * cb.step_s(bs, k, ctx, c["proposer"])))
+                    fb = static_finish(ab, k, bs, need, max(n_sim // 10, 50), seed + i, ext, per_request)
+                    reps.append(need * cb.step_s(bs, 0, ctx) / sd_seconds(cb, fb))
                 tail = (1 - level) / 2 * 100
                 row["pred_lo"], row["pred_hi"] = (float(x) for x in np.percentile(reps, [tail, 100 - tail]))
         rows.append(row)
