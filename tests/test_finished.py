@@ -21,7 +21,7 @@ PROMPTS = [[7, 7, 7, 7, 7, 7], [9, 8, 7], [5, 17, 99, 3, 44]]
 def test_retired_sequences_leave_the_batch_and_the_greedy_tokens_stay(verify, attn):
     pair = load_pair("tiny", torch.float32)
     attention.apply(pair.target, attn)
-    plain, _, _ = generate(pair.target, None, PROMPTS, GenConfig(max_new_tokens=24), pad_token_id=258)
+    plain, _, _ = generate(pair.target, None, PROMPTS, GenConfig(k=0, proposer="none", max_new_tokens=24), pad_token_id=258)
     out = {}
     for rule in ("keep", "retire"):
         cfg = GenConfig(k=4, proposer="ngram", max_new_tokens=24, verify=verify, finished=rule)
@@ -41,7 +41,7 @@ def test_retired_sequences_leave_the_batch_and_the_greedy_tokens_stay(verify, at
 
 def test_draft_model_and_sampled_runs_complete_every_sequence():
     pair = load_pair("tiny", torch.float32)
-    plain, _, _ = generate(pair.target, None, PROMPTS, GenConfig(max_new_tokens=12), pad_token_id=258)
+    plain, _, _ = generate(pair.target, None, PROMPTS, GenConfig(k=0, proposer="none", max_new_tokens=12), pad_token_id=258)
     drafted, _, _ = generate(pair.target, pair.draft, PROMPTS,
                              GenConfig(k=3, proposer="draft", max_new_tokens=12, finished="retire"), pad_token_id=258)
     assert [s.generated for s in drafted.requests] == [s.generated for s in plain.seqs]
