@@ -208,7 +208,8 @@ def test_sigint_to_a_real_measure_is_not_success(tmp_path):
         rc = proc.wait(timeout=60)
     finally:
         proc.kill()
-    assert rc == 130 and "interrupted" in proc.stderr.read()
+    err = proc.stderr.read()
+    assert rc == 130 and "interrupted" in err, (rc, err[-3000:])
 
 
 def test_dry_run_changes_nothing(tmp_path, monkeypatch):
