@@ -10,7 +10,6 @@ from specdec.data.models import load_pair
 from specdec.data.spec import Study
 from specdec.engines import attention, harness
 from specdec.engines.engine import GenConfig, generate
-from specdec.errors import SpecdecError
 
 # the tiny target repeats the first prompt's token for a while, so its n-gram lookup accepts and it finishes
 # steps before the two others, which never match
@@ -65,16 +64,4 @@ def test_run_static_records_every_request_under_retire():
     assert min(r["batch"] for r in steps) < 3
 
 
-def test_the_key_reaches_the_engine_is_hashed_for_torch_only_and_bad_values_get_one_line():
-    cfg = config.load_study("batch", "fixture")
-    st = Study.from_dict(dict(cfg, torch={"finished": "retire"}))
-    cell = {"batch": 2, "k": 3, "proposer": "ngram"}
-    assert harness.gen_config(st, cell).finished == "retire"
-    assert harness.gen_config(Study.from_dict(cfg), cell).finished == "keep"
-    with pytest.raises(SpecdecError, match="torch.finished must be one of keep, retire"):
-        Study.from_dict(dict(cfg, torch={"finished": "drop"}))
-    with pytest.raises(SpecdecError, match="finished must be one of keep, retire"):
-        GenConfig(finished="drop").validate()
-    ret = dict(cfg, torch={"finished": "retire"})
-    assert config.config_hash(ret, "torch") != config.config_hash(cfg, "torch")
-    assert config.config_hash(ret, "vllm") == config.config_hash(cfg, "vllm")
+# the key's config path (gen_config, hash, one-line errors): tests/test_verify_width.py, parametrized by key

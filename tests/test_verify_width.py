@@ -55,18 +55,25 @@ def test_draft_model_always_verifies_k_plus_one(monkeypatch):
     assert set(seen[1:]) == {4} and len(seen) - 1 == len(eng.steps)
 
 
-def test_the_key_reaches_the_engine_is_hashed_for_torch_only_and_bad_values_get_one_line():
+@pytest.mark.parametrize("key, value, default, bad, choices", [
+    ("verify", "proposed", "k", "all", "k, proposed, ragged"),
+    ("finished", "retire", "keep", "drop", "keep, retire"),  # tests/test_finished.py
+])
+def test_the_key_reaches_the_engine_is_hashed_for_torch_only_and_bad_values_get_one_line(key, value, default, bad,
+                                                                                         choices):
     cfg = config.load_study("batch", "fixture")
-    st = Study.from_dict(dict(cfg, torch={"verify": "proposed"}))
-    cell = {"batch": 1, "k": 3, "proposer": "ngram"}
-    assert harness.gen_config(st, cell).verify == "proposed"
-    assert harness.gen_config(Study.from_dict(cfg), cell).verify == "k"
-    with pytest.raises(SpecdecError, match="torch.verify must be one of k, proposed, ragged"):
-        Study.from_dict(dict(cfg, torch={"verify": "all"}))
-    prop = dict(cfg, torch={"verify": "proposed"})
-    assert config.config_hash(prop, "torch") != config.config_hash(cfg, "torch")
-    assert config.config_hash(prop, "vllm") == config.config_hash(cfg, "vllm")
-    assert config.config_hash(dict(cfg, torch={"verify": "k"}), "torch") != config.config_hash(prop, "torch")
+    st = Study.from_dict(dict(cfg, torch={key: value}))
+    cell = {"batch": 2, "k": 3, "proposer": "ngram"}
+    assert getattr(harness.gen_config(st, cell), key) == value
+    assert getattr(harness.gen_config(Study.from_dict(cfg), cell), key) == default
+    with pytest.raises(SpecdecError, match=f"torch.{key} must be one of {choices}"):
+        Study.from_dict(dict(cfg, torch={key: bad}))
+    with pytest.raises(SpecdecError, match=f"{key} must be one of {choices}"):
+        GenConfig(**{key: bad}).validate()
+    new = dict(cfg, torch={key: value})
+    assert config.config_hash(new, "torch") != config.config_hash(cfg, "torch")
+    assert config.config_hash(new, "vllm") == config.config_hash(cfg, "vllm")
+    assert config.config_hash(dict(cfg, torch={key: default}), "torch") != config.config_hash(new, "torch")
 
 
 def test_stepprofile_times_both_widths_interleaved_with_the_same_tokens():
