@@ -249,8 +249,7 @@ def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int
     # (static_seconds). vLLM retires too, but its fit sees only each call's mean step at the cell's batch size,
     # which already averages the narrowing tail, so its prediction keeps full-width steps.
     runs = tables.runs(profile, "batch")
-    retire = set(runs.loc[runs.get("finished", pd.Series("keep", index=runs.index)) == "retire", "run_id"]) \
-        if engine == "torch" else set()
+    retire = set(runs.loc[runs["finished"] == "retire", "run_id"]) if engine == "torch" else set()
     models: dict[tuple, AcceptanceModel | None] = {}
     rows = []
     own = batches[batches["arm"] == "cell"]
