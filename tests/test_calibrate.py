@@ -101,17 +101,38 @@ def test_validation_intervals_resample_costs_and_acceptance():
     assert "pred_lo" not in advise.validate("cpu")  # n_boot=0: no interval, no cost
 
 
-def _step_tables(slow: dict | None = None, drift: dict | None = None):
+def _step_tables(slow: dict | None = None, drift: dict | None = None, ngram: str | None = None):
     """Synthetic batch-study tables whose step times follow a known linear cost exactly (target
     1e-3 + 1e-4*tokens + 1e-7*kv_tokens s, draft 2e-4 + 1e-8*kv_tokens s per proposed token,
     independent of tokens: the model's first draft forward carries 2 tokens): k=0 cells at bs 1, 4,
     16 and paired draft-model SD cells at bs 1, 4, 16 with k 2 and 3; `slow` = {run_id: factor} plants a
     structural error: that cell's SD steps take factor times the model's seconds; `drift` = {run_id: factor}
-    plants a slow moment of the machine: both arms of that paired cell take factor times the model's seconds."""
-    tgt = lambda tokens, kv: 1e-3 + 1e-4 * tokens + 1e-7 * kv
+    plants a slow moment of the machine: both arms of that paired cell take factor times the model's seconds.
+    `ngram` (a verify rule) adds paired n-gram cells at k=3, bs 1 and 16, whose lookups propose 0-3 tokens, their
+    steps verifying 1 + each proposal (runs' verify: `ngram`), the target then also paying 5e-4 s for any forward
+    of more than one token."""
+    jump = 5e-4 if ngram else 0.0
+    tgt = lambda tokens, kv: 1e-3 + 1e-4 * tokens + 1e-7 * kv + jump * (tokens > 1)
     dft = lambda tokens, kv: 2e-4 + 1e-8 * kv
     b, st, rq = [], [], []
     cells = [(bs, 0) for bs in (1, 4, 16)] + [(bs, k) for bs in (1, 4, 16) for k in (2, 3)]
+    for bs in ((1, 16) if ngram else ()):
+        rid = f"bs{bs}-k3-ngram-t0-test"
+        for bi, width in enumerate((40, 80, 120)):
+            ctx = width + 8 / 2
+            common = {"run_id": rid, "repeat": 0, "batch_idx": bi, "k": 3, "batch": bs, "size": bs,
+                      "proposer": "ngram", "engine": "torch", "pair": "p"}
+            rq += [{**common, "prompt_tokens": width, "new_tokens": 8} for _ in range(bs)]
+            total = 0.0
+            for i in range(4):
+                prop = [(i + j + bi) % 4 for j in range(bs)] if bs > 1 else [(0, 3, 0, 2)[i]]
+                verify = tgt(bs + sum(prop), bs * ctx)
+                st.append({**common, "step": i, "verify_s": verify, "other_s": 0.0, "draft_s": 0.01 * verify,
+                           "proposed": prop})
+                total += 1.01 * verify
+            b.append({**common, "arm": "cell", "steps": 4, "decode_s": total, "decode_tokens": 8 * bs})
+            b.append({**common, "arm": "base", "k": 0, "steps": 8, "decode_s": 8 * tgt(bs, bs * ctx),
+                      "decode_tokens": 8 * bs})
     for bs, k in cells:
         rid = f"bs{bs}-k{k}-{'draft' if k else 'none'}-t0-test"
         m = (drift or {}).get(rid, 1.0)
@@ -129,7 +150,55 @@ def _step_tables(slow: dict | None = None, drift: dict | None = None):
                 b.append({**common, "arm": "base", "k": 0, "steps": 8, "decode_s": 8 * base_s, "decode_tokens": 8 * bs})
             else:
                 b.append({**common, "arm": "cell", "steps": 8, "decode_s": 8 * base_s, "decode_tokens": 8 * bs})
-    return {"batches": pd.DataFrame(b), "steps": pd.DataFrame(st), "requests": pd.DataFrame(rq)}
+    st = pd.DataFrame(st)
+    if "proposed" not in st:
+        st["proposed"] = [[k] * bs for k, bs in zip(st["k"], st["batch"])]
+    st["proposed"] = [p if isinstance(p, list) else [k] * bs for p, k, bs in zip(st["proposed"], st["k"], st["batch"])]
+    runs = pd.DataFrame({"run_id": sorted(set(x["run_id"] for x in b))}).assign(verify=ngram or "k")
+    return {"batches": pd.DataFrame(b), "steps": st, "requests": pd.DataFrame(rq), "runs": runs}
+
+
+def test_ngram_calibration_cells_are_fitted_at_the_widths_their_steps_verified(monkeypatch):
+    """An n-gram lookup proposes 0..k tokens and a ragged verify multiplies 1 + each proposal: fitted at those widths
+    (at bs 1 one point per width, as a 1-token step skips the multi-row cost), an exact world is fitted exactly and
+    each left-out cell predicted exactly; priced as if every step verified k+1 tokens, it is not."""
+    cal = ["bs*-k*-*"]
+    t = _step_tables(ngram="ragged")
+    monkeypatch.setattr(costmodel.tables, "load", lambda profile, study, table: t[table])
+    costs = costmodel.fit_steps("cpu", cal)
+    assert costs.fits["target"].summary()["rel_rmse"] < 1e-6 and costs.cv_n == 8
+    assert costs.cv_log_err == pytest.approx(0, abs=1e-6)
+    assert costs.ngram_fraction == pytest.approx(0.01)
+    w = costmodel.step_widths(t["steps"], dict(zip(t["runs"]["run_id"], t["runs"]["verify"])))
+    one = t["steps"]["run_id"] == "bs1-k3-ngram-t0-test"
+    assert sorted(set(w[one])) == [1.0, 3.0, 4.0] and (w[t["steps"]["proposer"] == "draft"] ==
+                                                       t["steps"]["k"][t["steps"]["proposer"] == "draft"] + 1).all()
+    padded = t | {"runs": t["runs"].assign(verify="k")}
+    monkeypatch.setattr(costmodel.tables, "load", lambda profile, study, table: padded[table])
+    wrong = costmodel.fit_steps("cpu", cal)
+    assert wrong.fits["target"].summary()["rel_rmse"] > 0.02 and wrong.cv_log_err > 0.01
+
+
+def test_step_widths_follow_each_runs_verify_rule():
+    st = pd.DataFrame({"run_id": ["a", "b", "c", "c", "d"], "k": [3, 3, 3, 0, 3],
+                       "proposed": [[0, 3], [0, 2], [0, 2], [0, 0], [1, 1]]})
+    w = costmodel.step_widths(st, {"a": "k", "b": "proposed", "c": "ragged"})
+    assert list(w) == [4.0, 3.0, 2.0, 1.0, 4.0]  # "d": no rule known, padded to k+1
+
+
+def test_vllm_verify_width_from_its_counters():
+    """vLLM verifies each request's own draft: 1 + drafted tokens per request-step, a request-step emitting 1 + its
+    accepted tokens (numbers of a real bs-1 k=3 n-gram cell: 474 drafted, 75 accepted, 378 decode tokens)."""
+    b = pd.DataFrame({"run_id": ["r", "r", "r"], "arm": ["cell", "cell", "base"], "k": [3, 3, 0],
+                      "decode_tokens": [189, 189, 378]})
+    runs = pd.DataFrame({"run_id": ["r", "s"], "drafts": [158.0, np.nan], "drafted_tokens": [474.0, np.nan],
+                         "accepted_tokens": [75.0, np.nan]})
+    assert costmodel.vllm_widths(b, runs) == pytest.approx({"r": 1 + 474 / (378 - 75)})
+    # a draft model proposes at every request-step: drafts count them where dropped accepted tokens would not
+    # (a real bs-1 k=6 draft cell: 7.72 from decode - accepted)
+    b = b.assign(decode_tokens=[189, 189, 378])
+    runs = pd.DataFrame({"run_id": ["r"], "drafts": [60.0], "drafted_tokens": [360.0], "accepted_tokens": [325.0]})
+    assert costmodel.vllm_widths(b, runs) == pytest.approx({"r": 7.0})
 
 
 def test_cross_validated_structural_error_recovers_a_planted_one(monkeypatch):

@@ -78,10 +78,52 @@ def test_beyond_traced_k_is_an_error_unless_extrapolated():
 def test_from_steps_groups_requests_and_skips_finished_and_k0():
     steps = pd.DataFrame({
         "run_id": ["r", "r", "r", "z"], "repeat": [0] * 4, "batch_idx": [0] * 4, "k": [3, 3, 3, 0],
-        "accepted": [[3, 0], [1, 2], [0, 3], [0]], "proposed": [[3, 3], [3, 1], [3, 3], [0]],
+        "accepted": [[3, 0], [1, 2], [0, 3], [0]], "proposed": [[3, 3], [3, 2], [3, 3], [0]],
         "active": [[True, True], [True, True], [False, True], [True]], "rids": [[0, 1], [0, 1], [0, 1], [0]]})
     traces = sorted(acceptance.from_steps(steps), key=lambda t: t.accepted)
-    assert traces == [Trace(3, (0, 2, 3)), Trace(3, (3, 1))]
+    assert traces == [Trace(3, (0, 2, 3), (3, 2, 3)), Trace(3, (3, 1), (3, 3))]
+
+
+def test_proposal_lengths_give_the_verify_width_by_hand():
+    """An n-gram lookup proposes 0..k tokens: the mean verify width at k' is 1 + E[min(proposal, k')] (ragged), k'+1
+    (padded to k) or 1 + E[the longest of the batch's proposals] (padded to it), counted by hand here."""
+    acc = AcceptanceModel.from_traces([Trace(3, (0, 1, 0, 3), (0, 3, 2, 3))])
+    assert acc.proposal_survival(3) == pytest.approx([0.75, 0.75, 0.5])
+    assert acc.mean_proposed(3) == pytest.approx(np.mean([0, 3, 2, 3]))
+    assert acc.mean_proposed(2) == pytest.approx(np.mean([0, 2, 2, 2]))
+    assert acc.verify_width(3, rule="ragged") == pytest.approx(3.0)
+    assert acc.verify_width(3, batch=16, rule="k") == 4.0 and acc.verify_width(0) == 1.0
+    # two sequences: E[max] = P(max >= 1) + P(max >= 2) + P(max >= 3), each 1 - P(both below)
+    assert acc.verify_width(3, batch=2, rule="proposed") == pytest.approx(1 + 2 * (1 - 0.25 ** 2) + (1 - 0.5 ** 2))
+    assert acc.verify_width(3, batch=1, rule="proposed") == pytest.approx(acc.verify_width(3, rule="ragged"))
+    # a trace that ran with k = 1 says nothing about proposing a 2nd token; bootstrap replicates keep proposals
+    both = AcceptanceModel.from_traces([Trace(3, (0, 1, 0, 3), (0, 3, 2, 3)), Trace(1, (1, 0), (1, 1))])
+    assert both.proposal_survival(3) == pytest.approx([5 / 6, 5 / 6 * 3 / 3, 5 / 6 * 2 / 3])
+    rep = both.resample(np.random.default_rng(0))
+    assert rep.offered is not None and rep.verify_width(3) <= 4
+    draft = AcceptanceModel.from_traces(iid_traces(0.7, 3, n_req=5))  # no proposal lengths: always k
+    assert draft.offered is None and draft.verify_width(3) == 4.0 and draft.mean_proposed(2) == 2.0
+    with pytest.raises(SpecdecError, match="accepted..k"):
+        AcceptanceModel.from_traces([Trace(3, (2,), (1,))])
+    with pytest.raises(SpecdecError, match="verify rule"):
+        acc.verify_width(3, rule="padded")
+
+
+def test_ngram_step_cost_is_the_mean_over_its_verify_widths():
+    """sd_step_s charges an n-gram step the mean of what its steps cost: at bs 1 a step without a proposal is a
+    1-token forward (no multi-row cost) and the others verify 1 + their proposal; a draft model verifies k+1."""
+    target = LinearCost(2e-3, 5e-5, 1e-7, 8e-4)  # d: a jump from 1 to more query rows
+    c = CostModel("fixture", "tiny", "fitted", target, LinearCost(1e-4, 2.5e-6, 5e-9), ngram_fraction=0.05)
+    props = (0, 3, 2, 3, 0, 1)
+    acc = AcceptanceModel.from_traces([Trace(3, (0,) * len(props), props)])
+    direct = np.mean([c.step_s(1, 3, 100, "ngram", 1 + p) for p in props])
+    assert predict.sd_step_s(c, acc, 1, 3, 100, "ngram") == pytest.approx(direct)
+    assert predict.sd_step_s(c, acc, 1, 3, 100, "ngram", verify="k") == pytest.approx(c.step_s(1, 3, 100, "ngram"))
+    assert predict.sd_step_s(c, acc, 1, 3, 100, "draft") == pytest.approx(c.step_s(1, 3, 100, "draft"))
+    assert direct < 0.9 * c.step_s(1, 3, 100, "ngram")
+    # above bs 1 every step multiplies several rows: the mean width (rows are linear in it)
+    assert predict.sd_step_s(c, acc, 8, 3, 100, "ngram") == pytest.approx(
+        c.step_s(8, 3, 100, "ngram", 1 + np.mean(props)))
 
 
 def test_jsonl_round_trip_and_bad_lines(tmp_path):
@@ -93,6 +135,15 @@ def test_jsonl_round_trip_and_bad_lines(tmp_path):
     path.write_text('{"k": 2, "accepted": [3]}\n')
     with pytest.raises(SpecdecError, match="line 1"):
         acceptance.read_jsonl(path)
+    with_props = [Trace(3, (1, 0, 3), (2, 0, 3)), Trace(2, (2,))]
+    acceptance.write_jsonl(with_props, path)
+    assert acceptance.read_jsonl(path) == with_props
+    assert json.loads(path.read_text().splitlines()[0])["proposed"] == [2, 0, 3]
+    for bad in ('{"k": 3, "accepted": [2], "proposed": [1]}', '{"k": 3, "accepted": [1, 1], "proposed": [2]}',
+                '{"k": 3, "accepted": [1], "proposed": [4]}', '{"k": 3, "accepted": [1], "proposed": 2}'):
+        path.write_text(bad + "\n")
+        with pytest.raises(SpecdecError, match="line 1.*proposed"):
+            acceptance.read_jsonl(path)
 
 
 def test_fixture_traces_load_and_bootstrap():
@@ -251,6 +302,89 @@ def _write(root, study, run_id, cell, tables, pair="tiny", torch=None):
                                        "config": {"pair": pair, **({"torch": torch} if torch else {})}})
 
 
+BASE_CELL = {"mode": "static", "temperature": 0.0, "alpha": None, "quant": "none", "rate": None, "context": None}
+
+
+def _write_forwards(root, truth):
+    """The hardware study of a synthetic world: exact forward times of `truth` (costs fitted on them are exact)."""
+    base = BASE_CELL
+    for b in (1, 4, 16):  # one run per forward cell, as the harness writes them (cell keys become columns)
+        for q in (1, 2, 4):
+            for c in (32, 128):
+                rows = [{"model": m, "repeat": 0, "batch": b, "query": q, "context": c, "tokens": b * q,
+                         "seconds": float(truth.forward_s(m, b, q, c))} for m in ("target", "draft")]
+                cell = dict(base, mode="forward", batch=b, k=q - 1, proposer="draft", context=c)
+                _write(root, "hardware", f"fwd-bs{b}-q{q}-ctx{c}", cell, {"forwards": pd.DataFrame(rows)})
+
+
+@pytest.mark.parametrize("verify", ["k", "ragged"])
+def test_validate_prices_an_ngram_step_by_what_it_verified(tmp_path, monkeypatch, verify):
+    """An n-gram lookup that finds no match proposes nothing: with verify ragged (vLLM's way) such a step is a plain
+    1-token forward and the others verify 1 + their proposal. Raw data generated so (or padded to k+1 under verify k)
+    must be predicted from the acceptance traces' proposal lengths, the width shown beside the measured one."""
+    monkeypatch.setenv("SPECDEC_RAW", str(tmp_path))
+    truth = costs(target=LinearCost(2e-3, 3e-4, 2e-7, 1.5e-3), draft=LinearCost(3e-4, 1e-5, 2e-8))
+    _write_forwards(tmp_path, truth)
+    rng = np.random.default_rng(1)
+
+    def draw(size):  # (proposed, accepted) of `size` steps: half find no match, the rest propose 4
+        prop = np.where(rng.random(size) < 0.5, 0, 4)
+        acc = (rng.random((size, 4)) < 0.7).cumprod(axis=1).sum(axis=1)
+        return prop, np.minimum(acc, prop)
+
+    acc_steps = []
+    for g in range(30):
+        for _ in range(40):
+            p, a = draw(4)
+            acc_steps.append({"accepted": a.tolist(), "proposed": p.tolist(), "active": [True] * 4,
+                              "rids": [0, 1, 2, 3], "repeat": 0, "batch_idx": g})
+    _write(tmp_path, "acceptance", "acc", dict(BASE_CELL, batch=4, k=4, proposer="ngram"),
+           {"steps": pd.DataFrame(acc_steps)})
+    need, prompt, k = 15, 40, 3
+    ctx = prompt + (need + 1) / 2
+    for bs in (1, 4):
+        for kk in (0, k):
+            groups, steps_rows = [], []
+            for g in range(200):
+                if kk == 0:
+                    groups.append({"repeat": 0, "batch_idx": g, "size": bs, "decode_tokens": bs * need,
+                                   "steps": need, "decode_s": need * float(truth.step_s(bs, 0, ctx))})
+                    continue
+                done, decode_s, n_steps = np.zeros(bs, dtype=int), 0.0, 0
+                while (done < need).any():  # every sequence stays to the end (finished: keep)
+                    p, a = draw(bs)
+                    c = np.minimum(p, kk)
+                    width = 1 + (c.mean() if verify == "ragged" else kk)
+                    if verify == "ragged" and not c.any():
+                        width = 1.0
+                    decode_s += float(truth.step_s(bs, kk, ctx, "ngram", width))
+                    steps_rows.append({"step": n_steps, "batch": bs, "draft_s": 0.0, "verify_s": 0.0,
+                                       "other_s": 0.0, "accepted": np.minimum(a, kk).tolist(),
+                                       "proposed": c.tolist(), "active": (done < need).tolist(),
+                                       "rids": list(range(bs)), "repeat": 0, "batch_idx": g})
+                    done += np.minimum(a, kk) + 1
+                    n_steps += 1
+                groups.append({"repeat": 0, "batch_idx": g, "size": bs, "decode_tokens": bs * need,
+                               "steps": n_steps, "decode_s": decode_s})
+            reqs = [{"repeat": 0, "batch_idx": g, "rid": i, "prompt_tokens": prompt, "new_tokens": need + 1,
+                     "prompt_set": "code", "prompt_idx": i} for g in range(200) for i in range(bs)]
+            tabs = {"batches": pd.DataFrame(groups), "requests": pd.DataFrame(reqs)}
+            if kk:
+                tabs["steps"] = pd.DataFrame(steps_rows)
+            _write(tmp_path, "batch", f"bs{bs}-k{kk}", dict(BASE_CELL, batch=bs, k=kk,
+                                                             proposer="ngram" if kk else "none"),
+                   tabs, torch={"verify": verify})
+    df = advise.validate("fixture")
+    assert len(df) == 2 and (df["verify"] == verify).all() and df.attrs["mape"] < 3, df
+    expect = 1 + (0.5 * k if verify == "ragged" else k)
+    assert df["predicted_width"].to_numpy() == pytest.approx([expect, expect], abs=0.05)
+    assert df["measured_width"].to_numpy() == pytest.approx([expect, expect], abs=0.1)
+    if verify == "ragged":  # priced as padded to k+1, the same cells would be predicted much slower
+        padded = need * df["predicted_base_step_s"] / (df["predicted_steps"] * [
+            float(truth.step_s(b, k, c, "ngram")) for b, c in zip(df["batch"], df["context"])])
+        assert (padded < 0.85 * df["measured"]).all()
+
+
 @pytest.mark.parametrize("finished", ["keep", "retire"])
 def test_validate_recovers_a_synthetic_world(tmp_path, monkeypatch, finished):
     """Raw data generated from a known cost model and acceptance: validate must predict it closely, with a static
@@ -258,14 +392,7 @@ def test_validate_recovers_a_synthetic_world(tmp_path, monkeypatch, finished):
     tail runs narrower and cheaper)."""
     monkeypatch.setenv("SPECDEC_RAW", str(tmp_path))
     truth = costs(target=LinearCost(2e-3, 1e-4, 2e-7), draft=LinearCost(3e-4, 1e-5, 2e-8))
-    base = {"mode": "static", "temperature": 0.0, "alpha": None, "quant": "none", "rate": None, "context": None}
-    for b in (1, 4, 16):  # one run per forward cell, as the harness writes them (cell keys become columns)
-        for q in (1, 2, 4):
-            for c in (32, 128):
-                rows = [{"model": m, "repeat": 0, "batch": b, "query": q, "context": c, "tokens": b * q,
-                         "seconds": float(truth.forward_s(m, b, q, c))} for m in ("target", "draft")]
-                cell = dict(base, mode="forward", batch=b, k=q - 1, proposer="draft", context=c)
-                _write(tmp_path, "hardware", f"fwd-bs{b}-q{q}-ctx{c}", cell, {"forwards": pd.DataFrame(rows)})
+    _write_forwards(tmp_path, truth)
     # two kinds of request (think code and prose) with position-dependent acceptance each
     kinds = np.array([[0.95, 0.9, 0.85, 0.8], [0.6, 0.4, 0.3, 0.3]])
     rng = np.random.default_rng(0)
@@ -276,7 +403,7 @@ def test_validate_recovers_a_synthetic_world(tmp_path, monkeypatch, finished):
     acc_steps = [{"accepted": [int(draw(r % 2, 1)[0]) for r in range(4)], "proposed": [4] * 4,
                   "active": [True] * 4, "rids": [0, 1, 2, 3], "repeat": 0, "batch_idx": g}
                  for g in range(15) for _ in range(40)]  # 60 requests of 40 steps
-    _write(tmp_path, "acceptance", "acc", dict(base, batch=4, k=4, proposer="draft"),
+    _write(tmp_path, "acceptance", "acc", dict(BASE_CELL, batch=4, k=4, proposer="draft"),
            {"steps": pd.DataFrame(acc_steps)})
     need, prompt = 15, 40
     for bs in (1, 4):
@@ -299,7 +426,7 @@ def test_validate_recovers_a_synthetic_world(tmp_path, monkeypatch, finished):
                                "decode_s": decode_s})
             reqs = [{"repeat": 0, "batch_idx": g, "rid": i, "prompt_tokens": prompt, "new_tokens": need + 1}
                     for g in range(300) for i in range(bs)]
-            _write(tmp_path, "batch", f"bs{bs}-k{k}", dict(base, batch=bs, k=k, proposer="draft" if k else "none"),
+            _write(tmp_path, "batch", f"bs{bs}-k{k}", dict(BASE_CELL, batch=bs, k=k, proposer="draft" if k else "none"),
                    {"batches": pd.DataFrame(groups), "requests": pd.DataFrame(reqs)}, torch={"finished": finished})
     df = advise.validate("fixture")
     assert len(df) == 2 and df.attrs["mape"] < 3 and (df["finished"] == finished).all()

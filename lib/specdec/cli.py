@@ -1,6 +1,8 @@
 """Command line: python -m specdec <command>. Bad input exits 2 with one line on stderr."""
 from __future__ import annotations
 
+import atexit
+import os
 import sys
 
 import typer
@@ -198,9 +200,24 @@ def _aborts() -> tuple:
     return tuple(kinds)
 
 
+def _exit_interrupted() -> None:
+    """End the process with status 130 for certain. sys.exit(130) alone can end as death by SIGINT (a parent sees
+    -2, as under the full test suite since 2026-12-07): CPython 3.11 kills itself with SIGINT at exit when the
+    last code it ran through PyRun_* (as C extensions' eval calls do) ended in KeyboardInterrupt, even one caught
+    since. Exit handlers run and streams are flushed first, as at a normal exit."""
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+
+
 def main(argv=None) -> None:
     """Exit codes: 0 done, 2 a one-line error on stderr (bad input, or a run that cannot go on: a server that
-    died, a request timeout), 130 interrupted (Ctrl-C), else the command's own."""
+    died, a request timeout), 130 interrupted (Ctrl-C), else the command's own. argv None: this is the program
+    (python -m specdec, the specdec script), which after Ctrl-C ends with 130 directly (_exit_interrupted); with
+    argv (a caller in Python) it raises SystemExit(130)."""
     try:
         rc = app(args=argv, standalone_mode=False)
     except KeyboardInterrupt:
@@ -217,5 +234,7 @@ def main(argv=None) -> None:
         rc = 130
     if rc == 130:
         print("interrupted", file=sys.stderr)
+        if argv is None:
+            _exit_interrupted()
     if isinstance(rc, int) and rc != 0:  # without standalone mode typer returns an Exit's code (130 on Ctrl-C)
         sys.exit(rc)

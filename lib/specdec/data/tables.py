@@ -9,6 +9,8 @@ build/ can never be read.
 Tables (one row per ...), with run keys (profile, engine, pair, run_id) and the cell keys (config.py) on
 every row except `runs`:
   runs       complete run of the study's current config: run keys, cell keys, config_sha256, has_steps,
+             finished (keep/retire) and verify (k/proposed/ragged): what the engine did (spec.TorchEngine),
+             drafts / drafted_tokens / accepted_tokens (vLLM's spec-decode counters over the timed SD calls),
              started, probe_before_gbs / probe_after_gbs (probe.py: read bandwidth around the run, GB/s)
   batches    timed static batch: repeat, batch_idx, arm ("cell", or "base": the interleaved no-SD twin of a
              paired cell), pair_idx (the raw column `pair`: index of the interleaved pair), size, steps, decode_tokens, decode_s (s, prefill excluded for both
@@ -63,8 +65,9 @@ UNIT_KEYS = ["repeat", "batch_idx", "rid"]
 _FLOAT_KEYS = ("alpha", "rate", "context", "requests")
 _TEXT_KEYS = ("mode", "proposer", "quant", "profile", "engine", "run_id", "pair", "trace")
 # Bumped when the tables' columns change, so tables written by older code are rebuilt rather than read
-# (2: the cell key `trace`, the replayed dataset; 3: the serving study's `windows`; 4: runs' `finished`).
-SCHEMA = 4
+# (2: the cell key `trace`, the replayed dataset; 3: the serving study's `windows`; 4: runs' `finished`;
+# 5: runs' `verify`, `drafts`, `drafted_tokens`, `accepted_tokens`).
+SCHEMA = 5
 
 _warned: set[str] = set()
 
@@ -173,11 +176,29 @@ def _finished(meta: dict) -> str:
     return str((meta.get("config", {}).get("torch") or {}).get("finished", "keep"))
 
 
+def _verify(meta: dict) -> str:
+    """Tokens per sequence a run's SD step verified (spec.TorchEngine.verify): "ragged" for vLLM (each request
+    its own proposal), the torch engine's torch.verify otherwise ("k" where the config predates it)."""
+    if meta.get("engine", "torch") != "torch":
+        return "ragged"
+    return str((meta.get("config", {}).get("torch") or {}).get("verify", "k"))
+
+
+def _counters(meta: dict) -> dict:
+    """A vLLM run's spec-decode counters over its timed SD calls (meta.json `acceptance`): drafts (request-steps
+    that proposed), drafted_tokens and accepted_tokens (NaN for the torch engine, whose steps table has them per
+    step)."""
+    acc = meta.get("acceptance") or {}
+    return {"drafts": float(acc.get("num_drafts", np.nan)),
+            "drafted_tokens": float(acc.get("num_draft_tokens", np.nan)),
+            "accepted_tokens": float(acc.get("num_accepted_tokens", np.nan))}
+
+
 def _runs(metas: list[tuple[Path, dict]]) -> pd.DataFrame:
     rows = [{"profile": m["profile"], "engine": m.get("engine", "torch"), "pair": m["config"].get("pair"),
              "run_id": m["run_id"], **{k: m["cell"].get(k) for k in CELL_KEYS},
              "config_sha256": m.get("config_sha256"), "has_steps": (f / "steps.parquet").exists(),
-             "finished": _finished(m),
+             "finished": _finished(m), "verify": _verify(m), **_counters(m),
              "started": m.get("started"), "probe_before_gbs": _probe(m, "before"),
              "probe_after_gbs": _probe(m, "after")}
             for f, m in metas]

@@ -5,6 +5,7 @@ Sources: the engine's step records (steps.parquet: per-sequence lists `accepted`
 `rids`; the cell's `k`) or a JSONL file, one request per line:
 
     {"k": 5, "accepted": [3, 0, 5, 2]}
+    {"k": 5, "accepted": [3, 0, 1], "proposed": [5, 0, 2]}   (optional: tokens proposed per step, default k)
 
 Per-position conditional acceptance p_j = P(draft token j accepted | tokens 1..j-1 accepted), j = 1..K,
 estimated as (steps accepting j) / (steps that tried j). A step tries position j when j <= k and its
@@ -13,6 +14,10 @@ at the first unproposed position (running it with k' < k would propose the same 
   survival S(m) = P(n >= m) = p_1 * ... * p_m, length distribution P(n = m | k), and
   expected tokens per step E[min(n, k') + 1] = S(0) + ... + S(k') for any k' <= K,
 which equals the empirical mean of min(n, k') + 1 when every trace ran with k >= k'.
+Proposal lengths (an n-gram lookup proposes up to k tokens, or none) are estimated the same way: q_j =
+P(proposal >= j | proposal >= j-1) over steps of traces that ran with k >= j, whence the mean verify width
+of a step at k' (verify_width): k'+1 padded, 1 + E[min(proposal, k')] when each sequence verifies only its own
+proposal (ragged, as vLLM packs them), or 1 + E[max over the batch] when the batch is padded to its longest.
 The i.i.d. comparison uses alpha = accepted / tried positions (the censored-Bernoulli MLE) in
 (1 - alpha^(k+1)) / (1 - alpha).
 """
@@ -31,15 +36,18 @@ from ..errors import SpecdecError
 
 @dataclass(frozen=True)
 class Trace:
-    """One request: k proposed tokens per step, accepted count per verification step."""
+    """One request: k proposed tokens per step, accepted count per verification step and, where known, the
+    tokens actually proposed at each step (None: k every step, as a draft model proposes)."""
 
     k: int
     accepted: tuple[int, ...]
+    proposed: tuple[int, ...] | None = None
 
 
 def from_steps(steps: pd.DataFrame) -> list[Trace]:
     """Per-request traces from engine step records (rows with k = 0 and finished sequences are skipped)."""
     by_req: dict[tuple, list[int]] = {}
+    props: dict[tuple, list[int]] = {}
     ks: dict[tuple, int] = {}
     run_cols = [c for c in ("run_id", "repeat", "batch_idx") if c in steps.columns]
     for row in steps.itertuples(index=False):
@@ -50,16 +58,18 @@ def from_steps(steps: pd.DataFrame) -> list[Trace]:
         if k <= 0:
             continue
         base = tuple(getattr(row, c) for c in run_cols)
-        for n, on, rid in zip(acc, active, rids):
+        for n, c, on, rid in zip(acc, prop, active, rids):
             if on:
                 key = base + (int(rid),)
                 by_req.setdefault(key, []).append(int(n))
+                props.setdefault(key, []).append(min(int(c), k))
                 ks[key] = k
-    return [Trace(ks[key], tuple(v)) for key, v in by_req.items()]
+    return [Trace(ks[key], tuple(v), tuple(props[key])) for key, v in by_req.items()]
 
 
 def read_jsonl(path: str | Path) -> list[Trace]:
-    """Traces from a JSONL file ({"k": int, "accepted": [ints]} per line); bad lines are one-line errors."""
+    """Traces from a JSONL file ({"k": int, "accepted": [ints]} per line, optionally "proposed": [ints], one per
+    step, each in accepted..k); bad lines are one-line errors."""
     path = Path(path)
     try:
         lines = path.read_text().splitlines()
@@ -74,13 +84,17 @@ def read_jsonl(path: str | Path) -> list[Trace]:
         try:
             obj = json.loads(line)
             k, acc = obj["k"], obj["accepted"]
+            prop = obj.get("proposed")
             ok = isinstance(k, int) and k >= 1 and isinstance(acc, list) and \
                 all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= k for n in acc)
-        except (json.JSONDecodeError, KeyError, TypeError):
+            ok = ok and (prop is None or (isinstance(prop, list) and len(prop) == len(acc) and all(
+                isinstance(c, int) and not isinstance(c, bool) and n <= c <= k for n, c in zip(acc, prop))))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
             ok = False
         if not ok:
-            raise SpecdecError(f"{path.name} line {i}: expected {{\"k\": int >= 1, \"accepted\": [ints in 0..k]}}")
-        out.append(Trace(k, tuple(acc)))
+            raise SpecdecError(f"{path.name} line {i}: expected {{\"k\": int >= 1, \"accepted\": [ints in 0..k]}} "
+                               f"and optionally \"proposed\": [one int in accepted..k per step]")
+        out.append(Trace(k, tuple(acc), tuple(prop) if prop is not None else None))
     if not any(t.accepted for t in out):
         raise SpecdecError(f"{path.name} holds no verification steps")
     return out
@@ -88,7 +102,11 @@ def read_jsonl(path: str | Path) -> list[Trace]:
 
 def write_jsonl(traces: list[Trace], path: str | Path) -> None:
     """Write traces in the JSONL format read_jsonl reads."""
-    Path(path).write_text("".join(json.dumps({"k": t.k, "accepted": list(t.accepted)}) + "\n" for t in traces))
+    def line(t: Trace) -> dict:
+        out = {"k": t.k, "accepted": list(t.accepted)}
+        return out if t.proposed is None else dict(out, proposed=list(t.proposed))
+
+    Path(path).write_text("".join(json.dumps(line(t)) + "\n" for t in traces))
 
 
 def load_traces(profile: str, pair: str | None = None, proposer: str = "draft", temperature: float = 0.0,
@@ -118,15 +136,20 @@ def load_traces(profile: str, pair: str | None = None, proposer: str = "draft", 
 
 
 class AcceptanceModel:
-    """Per-position acceptance estimated from traces; `tried`/`acc` are per-trace counts (n_traces, K)."""
+    """Per-position acceptance estimated from traces; `tried`/`acc` are per-trace counts (n_traces, K).
+    `reach`/`offered` (n_traces, K), where proposal lengths are known: steps that ran with k >= j and proposed
+    >= j-1 tokens, and those of them that proposed >= j (None: every step proposed its full k)."""
 
-    def __init__(self, tried: np.ndarray, acc: np.ndarray, traces: list[Trace] | None = None, source: str = ""):
+    def __init__(self, tried: np.ndarray, acc: np.ndarray, traces: list[Trace] | None = None, source: str = "",
+                 reach: np.ndarray | None = None, offered: np.ndarray | None = None):
         self.tried = np.asarray(tried, dtype=float)
         self.acc = np.asarray(acc, dtype=float)
         self.traces = traces or []
         self.source = source
         self.tried_total = self.tried.sum(0)
         self.acc_total = self.acc.sum(0)
+        self.reach = None if reach is None else np.asarray(reach, dtype=float)
+        self.offered = None if offered is None else np.asarray(offered, dtype=float)
 
     # -- construction ------------------------------------------------------------------------------
     @classmethod
@@ -136,6 +159,7 @@ class AcceptanceModel:
             raise SpecdecError("no verification steps in the acceptance traces")
         K = max(t.k for t in traces)
         tried, acc = np.zeros((len(traces), K)), np.zeros((len(traces), K))
+        reach, offered = np.zeros((len(traces), K)), np.zeros((len(traces), K))
         for i, t in enumerate(traces):
             n = np.asarray(t.accepted)
             if n.min() < 0 or n.max() > t.k:
@@ -143,7 +167,15 @@ class AcceptanceModel:
             ge = np.bincount(n, minlength=t.k + 1)[::-1].cumsum()[::-1]  # ge[j] = #steps with n >= j
             tried[i, :t.k] = ge[:t.k]
             acc[i, :t.k] = ge[1:t.k + 1]
-        return cls(tried, acc, traces, source)
+            c = np.full(len(n), t.k) if t.proposed is None else np.minimum(np.asarray(t.proposed), t.k)
+            if len(c) != len(n) or (c < n).any():
+                raise SpecdecError(f"proposed counts must be one per step, each in accepted..k={t.k}")
+            pe = np.bincount(c, minlength=t.k + 1)[::-1].cumsum()[::-1]  # pe[j] = #steps proposing >= j
+            reach[i, :t.k] = pe[:t.k]
+            offered[i, :t.k] = pe[1:t.k + 1]
+        if all(t.proposed is None for t in traces):
+            reach = offered = None
+        return cls(tried, acc, traces, source, reach, offered)
 
     @classmethod
     def from_conditionals(cls, p, source: str = "synthetic") -> "AcceptanceModel":
@@ -209,6 +241,40 @@ class AcceptanceModel:
         ns = [n for t in self.traces if t.k == k for n in t.accepted]
         return np.bincount(ns, minlength=k + 1) / len(ns) if ns else None
 
+    def proposal_survival(self, k: int, extrapolate: bool = False) -> np.ndarray:
+        """P(a step proposes >= j tokens) for j = 1..k (all ones where every step proposed its full k). k > max_k
+        is an error unless `extrapolate`, which repeats the deepest observed conditional."""
+        if k > self.max_k and not extrapolate:
+            raise SpecdecError(f"acceptance traces only cover k <= {self.max_k}, asked for k = {k}")
+        if self.offered is None:
+            return np.ones(k)
+        r, o = self.reach.sum(0), self.offered.sum(0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            q = np.where(r > 0, o / np.maximum(r, 1e-300), 0.0)
+        if k > self.max_k:
+            q = np.concatenate([q, np.full(k - self.max_k, q[-1])])
+        return np.cumprod(q[:k])
+
+    def mean_proposed(self, k: int, extrapolate: bool = False) -> float:
+        """E[min(proposal, k)]: draft tokens a step proposes at k (k for a draft model)."""
+        return float(self.proposal_survival(k, extrapolate).sum())
+
+    def verify_width(self, k: int, batch: int = 1, rule: str = "ragged", extrapolate: bool = False) -> float:
+        """Mean tokens per sequence that a step's target forward verifies at k, in a batch of `batch` sequences:
+        "k": k + 1 (proposals padded to k); "ragged": 1 + E[min(proposal, k)] (each sequence its own proposal,
+        as vLLM packs them and the torch engine's verify: ragged multiplies them); "proposed": 1 + E[the
+        batch's longest proposal] (padded to it; proposals independent across sequences)."""
+        if k <= 0:
+            return 1.0
+        if rule == "k":
+            return float(k + 1)
+        s = self.proposal_survival(k, extrapolate)
+        if rule == "ragged":
+            return 1.0 + float(s.sum())
+        if rule == "proposed":
+            return 1.0 + float((1.0 - (1.0 - s) ** max(int(batch), 1)).sum())
+        raise SpecdecError(f"unknown verify rule '{rule}'; known: k, proposed, ragged")
+
     def table(self) -> pd.DataFrame:
         """One row per position j: tried, accepted, conditional p_j, survival S(j)."""
         p = self.conditionals()
@@ -218,7 +284,9 @@ class AcceptanceModel:
     def resample(self, rng: np.random.Generator) -> "AcceptanceModel":
         """One bootstrap replicate: traces (requests) drawn with replacement."""
         idx = rng.integers(0, len(self.tried), size=len(self.tried))
-        return AcceptanceModel(self.tried[idx], self.acc[idx], None, self.source)
+        if self.offered is None:
+            return AcceptanceModel(self.tried[idx], self.acc[idx], None, self.source)
+        return AcceptanceModel(self.tried[idx], self.acc[idx], None, self.source, self.reach[idx], self.offered[idx])
 
     def describe(self) -> str:
         n = len(self.traces) or len(self.tried)

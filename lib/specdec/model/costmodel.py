@@ -227,21 +227,22 @@ class CostModel:
             raise SpecdecError(f"costs for {self.pair} on {self.profile} have no draft model")
         return self.forward_s("draft", batch, 2, context) + (k - 1) * self.forward_s("draft", batch, 1, context)
 
-    def step_parts(self, batch, k: int, context, proposer: str = "draft") -> tuple:
+    def step_parts(self, batch, k: int, context, proposer: str = "draft", width=None) -> tuple:
         """(draft, verify, overhead) seconds of one decoding step of `batch` sequences with `context` KV tokens
         each. k = 0: no proposal and one target forward of 1 token per sequence. k >= 1: the proposer's time
-        (draft_s) and the target verifying k+1 tokens per sequence. overhead_s either way."""
-        verify = self.forward_s("target", batch, k + 1, context)
+        (draft_s) and the target verifying `width` tokens per sequence (default k+1; an n-gram lookup that
+        proposes fewer is verified at its mean width: AcceptanceModel.verify_width). overhead_s either way."""
+        verify = self.forward_s("target", batch, (k + 1) if width is None or k <= 0 else width, context)
         return self.draft_s(batch, k, context, proposer, verify), verify, self.overhead_s
 
-    def step_s(self, batch, k: int, context, proposer: str = "draft"):
+    def step_s(self, batch, k: int, context, proposer: str = "draft", width=None):
         """Seconds for one decoding step: the sum of step_parts."""
-        draft, verify, overhead = self.step_parts(batch, k, context, proposer)
+        draft, verify, overhead = self.step_parts(batch, k, context, proposer, width)
         return draft + verify + overhead
 
-    def draft_share(self, batch, k: int, context, proposer: str = "draft"):
+    def draft_share(self, batch, k: int, context, proposer: str = "draft", width=None):
         """Fraction of a step's seconds spent proposing."""
-        draft, verify, overhead = self.step_parts(batch, k, context, proposer)
+        draft, verify, overhead = self.step_parts(batch, k, context, proposer, width)
         return draft / (draft + verify + overhead)
 
     def residuals(self) -> dict:
@@ -347,9 +348,16 @@ def fit_steps(profile: str, calibration, pair: str | None = None, engine: str = 
     st = tables.load(profile, "batch", "steps")
     rq = tables.load(profile, "batch", "requests")
     b, st, rq = (x[x["engine"] == engine] for x in (b, st, rq))
+    runs = tables.runs(profile, "batch")
+    if "verify" not in runs:  # runs tables of older schemas: every step padded to k+1
+        runs = runs.assign(verify="k")
     if engine == "vllm":  # no per-step rows: steps and the step split from vLLM's per-call figures
         b = decode_steps(b)
         st = vllm_step_rows(b)
+        widths = vllm_widths(b, runs)
+        st = st.assign(width=[widths.get(r, k + 1.0) for r, k in zip(st["run_id"], st["k"])])
+    else:
+        st = st.assign(width=step_widths(st, dict(zip(runs["run_id"], runs["verify"]))))
     pair = pair_name(pair) if pair else str(b["pair"].iloc[0])
     b, st, rq = (x[x["pair"] == pair] for x in (b, st, rq))
     ways = [False, True] if drift is None and cross_validate else [bool(drift)]
@@ -410,6 +418,42 @@ def vllm_step_rows(b: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+def step_widths(st: pd.DataFrame, verify: dict) -> pd.Series:
+    """Tokens per sequence each step's target forward verified (steps-table rows; `verify`: run_id -> the run's
+    rule, tables.runs' `verify`): k+1 under "k" (and where the rule or the step's proposals are unknown), 1 +
+    the batch's longest proposal under "proposed", 1 + its mean proposal under "ragged" (the rows the target
+    multiplies, per sequence); 1 at k = 0. A draft model proposes k: k+1 every way."""
+    out = (st["k"] + 1).astype(float)
+    if "proposed" not in st:
+        return out
+    for i, (rid, k, prop) in enumerate(zip(st["run_id"], st["k"], st["proposed"])):
+        rule = verify.get(rid, "k")
+        if k <= 0 or rule == "k" or prop is None or not len(prop):
+            continue
+        c = np.minimum(np.asarray(prop, dtype=float), k)
+        out.iloc[i] = 1.0 + (c.mean() if rule == "ragged" else c.max())
+    return out
+
+
+def vllm_widths(b: pd.DataFrame, runs: pd.DataFrame) -> dict:
+    """Per vLLM run id: mean tokens per sequence its SD steps verified, 1 + drafted tokens / request-steps, from
+    the run's spec-decode counters over its timed calls (tables.runs: drafts, drafted_tokens, accepted_tokens;
+    vLLM verifies each request's own proposal, and an n-gram lookup that finds nothing proposes none). A
+    request-step emits 1 + its accepted tokens, so request-steps >= decode tokens of the SD arm - accepted tokens
+    (fewer where a last step's accepted tokens ran past max_tokens and were dropped) and >= drafts (the steps
+    that proposed: all of them for a draft model); the larger of the two is taken. Runs without counters are
+    left out (k+1 then)."""
+    out = {}
+    if "drafted_tokens" not in runs:
+        return out
+    cell = b[(b["arm"] == "cell") & (b["k"] > 0)].groupby("run_id")["decode_tokens"].sum()
+    for r in runs[runs["drafted_tokens"].notna()].itertuples():
+        steps = max(cell.get(r.run_id, np.nan) - r.accepted_tokens, getattr(r, "drafts", 0.0) or 0.0)
+        if np.isfinite(steps) and steps > 0:
+            out[r.run_id] = 1.0 + float(r.drafted_tokens) / float(steps)
+    return out
+
+
 def _named(st: pd.DataFrame, calibration) -> pd.Series:
     """Rows of SD steps of the calibration cells."""
     return (st["k"] > 0) & st["run_id"].map(lambda r: matches(r, calibration))
@@ -445,10 +489,19 @@ def _fit_steps(profile, calibration, pair, b, st, rq, drift: bool = False) -> Co
     scale = (_drift_scales(fit_linear(pd.DataFrame(tgt).dropna()).cost, base, ctx, cal["run_id"].unique())
              if drift and cal.size else {})
     draft, ngram = [], []
+    if "width" not in cal:
+        cal = cal.assign(width=cal["k"] + 1)
     for (rid, rep, bi, k, prop, bs), g in cal.groupby(["run_id", "repeat", "batch_idx", "k", "proposer", "batch"]):
         c, f = ctx.get((rid, rep, bi), np.nan), scale.get(rid, 1.0)
-        tgt.append({"batch": bs, "query": k + 1, "context": c,
-                    "seconds": f * float((g["verify_s"] + g["other_s"]).median())})
+        # verify widths that vary (an n-gram lookup proposing fewer than k): at bs 1 one point per width (a
+        # 1-token step has no multi-row cost), above it the mean step at the mean width (the cost is linear in
+        # the rows); a constant width: the median step, robust to a stray slow one
+        parts = [g] if bs > 1 or g["width"].nunique() == 1 else [x for _, x in g.groupby("width")]
+        for part in parts:
+            sec, w = part["verify_s"] + part["other_s"], part["width"]
+            one = w.nunique() == 1
+            tgt.append({"batch": bs, "query": float(w.iloc[0]) if one else float(w.mean()), "context": c,
+                        "seconds": f * float(sec.median() if one else sec.mean())})
         if prop == "draft":
             draft.append({"batch": bs, "query": 1, "context": c, "seconds": f * float(g["draft_s"].median()) / k})
         elif prop == "ngram":
@@ -479,8 +532,10 @@ def _left_out_error(profile, calibration, pair, b, st, rq, run_id, drift: bool =
         return None
     c = cell.iloc[0]
     context = float(np.mean(list(_contexts(rq[rq["run_id"] == run_id]).values())))
-    predicted = costs.step_s(int(c["batch"]), 0, context) / costs.step_s(int(c["batch"]), int(c["k"]), context,
-                                                                        str(c["proposer"]))
+    own = st.loc[(st["run_id"] == run_id) & (st["k"] > 0), "width"] if "width" in st else pd.Series(dtype=float)
+    widths = own.to_numpy(float) if len(own) else None  # the cell's own verify widths (k+1 for a draft model)
+    sd = float(np.mean(costs.step_s(int(c["batch"]), int(c["k"]), context, str(c["proposer"]), widths)))
+    predicted = costs.step_s(int(c["batch"]), 0, context) / sd
     measured = (base["decode_s"].sum() / base["steps"].sum()) / (cell["decode_s"].sum() / cell["steps"].sum())
     return float(np.log(predicted / measured))
 

@@ -3,6 +3,7 @@ here except acceptance traces; advice and validation on measured cells are repor
 
 Steady state (continuous decoding, one step for every sequence of a batch of `batch`):
     t_sd   = draft (first forward 2 tokens/seq, then k-1 of 1) + verify (k+1 tokens/seq) + overhead   [s]
+             (an n-gram lookup: its share of the verify, which checks 1 + the tokens it really proposed: sd_step_s)
     t_base = one target forward of 1 token/seq + overhead                                             [s]
     speedup = (E[tokens/step] / t_sd) / (1 / t_base)
 with E[tokens/step] from the acceptance model (acceptance.py) and forward times from the cost model
@@ -36,22 +37,37 @@ MAX_TOKENS = 1e7       # largest context / prompt / output length advise accepts
 
 
 def speedup(costs: CostModel, acc: AcceptanceModel, batch, k: int, context=DEFAULT_CONTEXT,
-            proposer: str = "draft", extrapolate: bool = False):
+            proposer: str = "draft", extrapolate: bool = False, verify: str = "ragged"):
     """Steady-state speedup of SD with k over no SD (1.0 for k = 0); batch may be an array."""
     if k == 0:
         return np.ones_like(np.asarray(batch, dtype=float)) if np.ndim(batch) else 1.0
     tokens = acc.expected_tokens(k, extrapolate)
-    return tokens * costs.step_s(batch, 0, context) / sd_step_s(costs, acc, batch, k, context, proposer)
+    return tokens * costs.step_s(batch, 0, context) / sd_step_s(costs, acc, batch, k, context, proposer,
+                                                                extrapolate, verify)
 
 
-def sd_step_s(costs: CostModel, acc, batch, k: int, context, proposer: str = "draft"):
-    """Mean seconds of an SD step: where the acceptance model knows that some steps propose nothing (an
-    n-gram lookup without a match: ReplayAcceptance.propose_fraction), those steps cost a plain step."""
-    full = costs.step_s(batch, k, context, proposer)
-    if proposer != "ngram" or not hasattr(acc, "propose_fraction"):
-        return full
-    f = acc.propose_fraction(k)
-    return f * full + (1 - f) * costs.step_s(batch, 0, context)
+def sd_step_s(costs: CostModel, acc, batch, k: int, context, proposer: str = "draft", extrapolate: bool = False,
+              verify: str = "ragged"):
+    """Mean seconds of an SD step. A draft model always proposes k: the target verifies k+1 tokens per sequence.
+    An n-gram lookup may propose fewer, or nothing: with per-step proposal lengths in the traces
+    (AcceptanceModel.verify_width) the step verifies the mean width under the engine's `verify` rule ("ragged":
+    vLLM, and the torch engine's verify: ragged; "proposed"; "k": padded to k+1), a step in which no sequence
+    proposed anything being a 1-token forward; with only whether a step proposed (ReplayAcceptance.
+    propose_fraction, the paper's traces) a proposing step verifies k+1 and the others cost a plain step."""
+    if proposer != "ngram":
+        return costs.step_s(batch, k, context, proposer)
+    if hasattr(acc, "propose_fraction"):
+        f = acc.propose_fraction(k)
+        return f * costs.step_s(batch, k, context, proposer) + (1 - f) * costs.step_s(batch, 0, context)
+    if not hasattr(acc, "verify_width") or verify == "k":
+        return costs.step_s(batch, k, context, proposer)
+    width = acc.verify_width(k, batch, verify, extrapolate)
+    # no sequence of the batch proposes (proposals independent): a 1-token forward (a cost model's jump from 1 to
+    # more query rows is charged only to the steps that verify more)
+    none = (1.0 - float(acc.proposal_survival(k, extrapolate)[0])) ** np.asarray(batch, dtype=float)
+    some = np.where(none < 1, (width - none) / np.maximum(1 - none, 1e-12), 1.0)
+    return none * costs.step_s(batch, k, context, proposer, 1.0) + \
+        (1 - none) * costs.step_s(batch, k, context, proposer, some)
 
 
 def break_even_tokens(costs: CostModel, batch, k: int, context=DEFAULT_CONTEXT, proposer: str = "draft"):
@@ -141,7 +157,8 @@ def speedup_with_prefill(costs: CostModel, acc, batch, k: int, context, proposer
     pre = costs.prefill_scale * costs.forward_s("target", batch, prompt_tokens, 0)
     g = max(output_tokens - 1, 0)
     base = pre + g * costs.step_s(batch, 0, context)
-    sd = pre + g / acc.expected_tokens(k, extrapolate) * sd_step_s(costs, acc, batch, k, context, proposer)
+    sd = pre + g / acc.expected_tokens(k, extrapolate) * sd_step_s(costs, acc, batch, k, context, proposer,
+                                                                   extrapolate)
     return base / sd
 
 
@@ -185,7 +202,7 @@ def predict(costs: CostModel, acc, batch: int, k: int, context=DEFAULT_CONTEXT,
     lo, hi = (np.percentile(boots, [tail, 100 - tail]) if boots else (point, point))
     return Prediction(batch, k, context, point, float(lo), float(hi), level,
                       acc.expected_tokens(k, extrapolate) if k else 1.0, acc.iid_expected_tokens(k) if k else 1.0,
-                      float(sd_step_s(costs, acc, batch, k, context, proposer)) if k else float(costs.step_s(batch, 0, context)),
+                      float(sd_step_s(costs, acc, batch, k, context, proposer, extrapolate)) if k else float(costs.step_s(batch, 0, context)),
                       float(costs.step_s(batch, 0, context)), costs.source)
 
 

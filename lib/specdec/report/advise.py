@@ -22,8 +22,8 @@ from ..model.acceptance import AcceptanceModel
 from ..model.costmodel import CostModel
 from ..model.predict import (ADVISE_MAX_BATCH, DEFAULT_CONTEXT, K_MAX, MAX_BATCH, MAX_TOKENS, PROPOSERS,
                              Prediction, best_break_even_alpha, break_even_alpha, break_even_tokens,
-                             load_acceptance, optimal_k, policy, predict, speedup, static_finish, static_seconds,
-                             vllm_speculative_config)
+                             load_acceptance, optimal_k, policy, predict, sd_step_s, speedup, static_finish,
+                             static_seconds, vllm_speculative_config)
 from . import analysis
 
 
@@ -222,10 +222,12 @@ def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int
     same proposer and temperature); each batch-study cell is then predicted for its batch size, k, mean
     context and output length (static batching: the batch waits for its slowest sequence, see
     static_finish and `per_request`; a torch run under torch.finished retire sums the costs of its narrowing
-    tail, static_seconds). Measured speedup = no-SD decode seconds per token / SD decode
+    tail, static_seconds; an n-gram step verifies the mean width that the traces' proposal lengths give under
+    the run's verify rule, predict.sd_step_s). Measured speedup = no-SD decode seconds per token / SD decode
     seconds per token at the same batch size (a paired cell's own interleaved no-SD batches, else the k=0
     cell); only `engine`'s cells (the cost model is fitted on the torch engine's forwards). Columns: cell keys, context, predicted, predicted_steady,
-    measured, abs_pct_err [%], and predicted/measured steps per batch and seconds per step;
+    measured, abs_pct_err [%], predicted/measured steps per batch, seconds per step and verify width (tokens per
+    sequence: measured_width from the cell's steps or vLLM's counters, predicted_width), verify (the rule);
     df.attrs["mape"] = mean abs_pct_err [%], df.attrs["cost_source"] = how the costs were obtained. With
     n_boot > 0 also pred_lo/pred_hi (the `level` interval of the prediction: costs and acceptance resampled
     jointly, as advise's interval) and covered, and
@@ -250,6 +252,19 @@ def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int
     # which already averages the narrowing tail, so its prediction keeps full-width steps.
     runs = tables.runs(profile, "batch")
     retire = set(runs.loc[runs["finished"] == "retire", "run_id"]) if engine == "torch" else set()
+    # what each run's SD step verified (an n-gram lookup may propose fewer than k tokens, or none): the rule
+    # (tables.runs `verify`) sets the predicted width; the measured mean width is shown beside it
+    rules = dict(zip(runs["run_id"], runs["verify"]))
+    if engine == "vllm":
+        widths = costmodel.vllm_widths(batches, runs)
+    else:
+        try:
+            st = tables.load(profile, "batch", "steps")
+        except SpecdecError:  # runs without per-step records: no measured width
+            st = pd.DataFrame(columns=["run_id", "engine", "k"])
+        st = st[(st["engine"] == engine) & (st["k"] > 0)]
+        widths = (st.assign(w=costmodel.step_widths(st, rules)).groupby("run_id")["w"].mean().to_dict()
+                  if len(st) else {})
     models: dict[tuple, AcceptanceModel | None] = {}
     rows = []
     own = batches[batches["arm"] == "cell"]
@@ -280,29 +295,32 @@ def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int
                "context": ctx, "decode_tokens_per_seq": need, "measured": measured,
                "measured_steps": cell["steps"].mean(), "measured_step_s": cell["decode_s"].sum() / n_steps,
                "measured_base_step_s": base["decode_s"].sum() / n_base,
+               "measured_width": widths.get(run_id, np.nan),
                "predicted_step_s": float(costs.step_s(bs, k, ctx, c["proposer"])),
                "predicted_base_step_s": float(costs.step_s(bs, 0, ctx))}
         if acc is not None:
-            ext, prop = k > acc.max_k, c["proposer"]
+            ext, prop, rule = k > acc.max_k, c["proposer"], rules.get(run_id, "k")
 
-            def sd_seconds(cm, finish):
-                """Predicted decode seconds of the cell's static batch under cost model cm."""
+            def sd_seconds(cm, am, finish):
+                """Predicted decode seconds of the cell's static batch under cost model cm, acceptance am."""
                 if run_id in retire:
-                    return static_seconds(finish, lambda m: cm.step_s(m, k, ctx, prop))
-                return float(finish.max(axis=1).mean()) * float(cm.step_s(bs, k, ctx, prop))
+                    return static_seconds(finish, lambda m: sd_step_s(cm, am, m, k, ctx, prop, ext, rule))
+                return float(finish.max(axis=1).mean()) * float(sd_step_s(cm, am, bs, k, ctx, prop, ext, rule))
 
             finish = static_finish(acc, k, bs, need, n_sim, seed, ext, per_request)
             steps = float(finish.max(axis=1).mean())
             row.update(predicted_steps=steps, extrapolated=ext, finished="retire" if run_id in retire else "keep",
-                       predicted=need * row["predicted_base_step_s"] / sd_seconds(costs, finish),
-                       predicted_steady=float(speedup(costs, acc, bs, k, ctx, prop, ext)))
+                       verify=rule, predicted_step_s=float(sd_step_s(costs, acc, bs, k, ctx, prop, ext, rule)),
+                       predicted_width=acc.verify_width(k, bs, rule, ext) if prop == "ngram" else k + 1.0,
+                       predicted=need * row["predicted_base_step_s"] / sd_seconds(costs, acc, finish),
+                       predicted_steady=float(speedup(costs, acc, bs, k, ctx, prop, ext, rule)))
             if n_boot:  # the interval advise would give: costs and acceptance resampled jointly
                 rng = np.random.default_rng([seed, bs, k])
                 reps = []
                 for i in range(n_boot):
                     cb, ab = costs.resample(rng), acc.resample(rng)
                     fb = static_finish(ab, k, bs, need, max(n_sim // 10, 50), seed + i, ext, per_request)
-                    reps.append(need * cb.step_s(bs, 0, ctx) / sd_seconds(cb, fb))
+                    reps.append(need * cb.step_s(bs, 0, ctx) / sd_seconds(cb, ab, fb))
                 tail = (1 - level) / 2 * 100
                 row["pred_lo"], row["pred_hi"] = (float(x) for x in np.percentile(reps, [tail, 100 - tail]))
         rows.append(row)
