@@ -495,8 +495,9 @@ def _fit_steps(profile, calibration, pair, b, st, rq, drift: bool = False) -> Co
         c, f = ctx.get((rid, rep, bi), np.nan), scale.get(rid, 1.0)
         # verify widths that vary (an n-gram lookup proposing fewer than k): at bs 1 one point per width (a
         # 1-token step has no multi-row cost), above it the mean step at the mean width (the cost is linear in
-        # the rows); a constant width: the median step, robust to a stray slow one
-        parts = [g] if bs > 1 or g["width"].nunique() == 1 else [x for _, x in g.groupby("width")]
+        # the rows); a constant width: the median step, robust to a stray slow one. A bs-1 step that proposed
+        # nothing is a plain decode step, which the cell's own no-SD arm measures unscaled: left out here
+        parts = [g] if bs > 1 or g["width"].nunique() == 1 else [x for w, x in g.groupby("width") if w > 1]
         for part in parts:
             sec, w = part["verify_s"] + part["other_s"], part["width"]
             one = w.nunique() == 1
