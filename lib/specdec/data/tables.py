@@ -55,6 +55,7 @@ from .. import paths
 from ..errors import SpecdecError
 from . import config as cfgmod
 from . import rawdata
+from .spec import TorchEngine
 
 RAW = ("batches", "requests", "steps", "forwards", "bench", "windows")
 DERIVED = ("lengths", "positions")
@@ -168,20 +169,18 @@ def _probe(meta: dict, when: str) -> float:
         return np.nan
 
 
-def _finished(meta: dict) -> str:
-    """What the run's engine did with a static batch's finished sequences: "retire" (vLLM's scheduler; the torch
-    engine under torch.finished: retire) or "keep" (the torch engine's default: computed to the batch's end)."""
-    if meta.get("engine", "torch") != "torch":
-        return "retire"
-    return str((meta.get("config", {}).get("torch") or {}).get("finished", "keep"))
+# What vLLM does where the torch engine has a setting (spec.TorchEngine): its scheduler drops a finished request,
+# and it verifies each request's own proposal.
+_VLLM_DOES = {"finished": "retire", "verify": "ragged"}
 
 
-def _verify(meta: dict) -> str:
-    """Tokens per sequence a run's SD step verified (spec.TorchEngine.verify): "ragged" for vLLM (each request
-    its own proposal), the torch engine's torch.verify otherwise ("k" where the config predates it)."""
+def _engine_does(meta: dict, key: str) -> str:
+    """What a run's engine did for the spec.TorchEngine setting `key` ("finished": keep/retire, "verify":
+    k/proposed/ragged): vLLM's own behaviour, else the run's torch config, or TorchEngine's default where the
+    config predates the key."""
     if meta.get("engine", "torch") != "torch":
-        return "ragged"
-    return str((meta.get("config", {}).get("torch") or {}).get("verify", "k"))
+        return _VLLM_DOES[key]
+    return str((meta.get("config", {}).get("torch") or {}).get(key, getattr(TorchEngine, key)))
 
 
 def _counters(meta: dict) -> dict:
@@ -198,7 +197,7 @@ def _runs(metas: list[tuple[Path, dict]]) -> pd.DataFrame:
     rows = [{"profile": m["profile"], "engine": m.get("engine", "torch"), "pair": m["config"].get("pair"),
              "run_id": m["run_id"], **{k: m["cell"].get(k) for k in CELL_KEYS},
              "config_sha256": m.get("config_sha256"), "has_steps": (f / "steps.parquet").exists(),
-             "finished": _finished(m), "verify": _verify(m), **_counters(m),
+             "finished": _engine_does(m, "finished"), "verify": _engine_does(m, "verify"), **_counters(m),
              "started": m.get("started"), "probe_before_gbs": _probe(m, "before"),
              "probe_after_gbs": _probe(m, "after")}
             for f, m in metas]

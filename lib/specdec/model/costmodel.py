@@ -349,8 +349,6 @@ def fit_steps(profile: str, calibration, pair: str | None = None, engine: str = 
     rq = tables.load(profile, "batch", "requests")
     b, st, rq = (x[x["engine"] == engine] for x in (b, st, rq))
     runs = tables.runs(profile, "batch")
-    if "verify" not in runs:  # runs tables of older schemas: every step padded to k+1
-        runs = runs.assign(verify="k")
     if engine == "vllm":  # no per-step rows: steps and the step split from vLLM's per-call figures
         b = decode_steps(b)
         st = vllm_step_rows(b)
@@ -424,8 +422,6 @@ def step_widths(st: pd.DataFrame, verify: dict) -> pd.Series:
     the batch's longest proposal under "proposed", 1 + its mean proposal under "ragged" (the rows the target
     multiplies, per sequence); 1 at k = 0. A draft model proposes k: k+1 every way."""
     out = (st["k"] + 1).astype(float)
-    if "proposed" not in st:
-        return out
     for i, (rid, k, prop) in enumerate(zip(st["run_id"], st["k"], st["proposed"])):
         rule = verify.get(rid, "k")
         if k <= 0 or rule == "k" or prop is None or not len(prop):
