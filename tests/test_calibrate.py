@@ -243,10 +243,11 @@ def test_a_calibration_cell_measured_in_a_slow_moment_is_scaled_by_its_own_no_sd
     assert "one-token step free" not in kept.provenance and kept.target.d == pytest.approx(0, abs=1e-9)
 
 
-def test_a_one_token_forward_dearer_than_a_longer_one_is_fitted_when_cross_validation_asks(monkeypatch):
+def test_a_one_token_forward_dearer_than_a_longer_one_is_fitted_when_its_points_ask(monkeypatch):
     """On the cpu profile both engines' no-SD steps cost less at bs 4 than at bs 1. A world where any forward of
     more than one token saves 4e-4 s: the step >= 0 form cannot fit it (bs-1 steps off, left-out cells mispredicted);
-    fit_steps tries the free one-token step, which fits it exactly, keeps it by cross-validation and says so."""
+    fit_steps tries the free one-token step, which fits it exactly, keeps it by the target fit's
+    leave-one-point-out error and says so; where the step is >= 0 (the drift test's quiet world) it is not taken."""
     cal = ["bs*-k*-draft-*"]
     t = _step_tables(jump=-4e-4)
     monkeypatch.setattr(costmodel.tables, "load", lambda profile, study, table: t[table])

@@ -149,9 +149,9 @@ def _cost(coef, free_step: bool = False) -> LinearCost:
     return LinearCost(a, b, c, d - a if free_step else d, e)
 
 
-def loo_rel_rmse(points: pd.DataFrame, columns: int = 5) -> float:
+def loo_rel_rmse(points: pd.DataFrame, columns: int = 5, free_step: bool = False) -> float:
     """Leave-one-out relative rmse of the fit (fraction): each point predicted by a fit to all the others."""
-    X, y = _design(points, columns), points["seconds"].to_numpy(float)
+    X, y = _design(points, columns, free_step), points["seconds"].to_numpy(float)
     errs = []
     for i in range(len(y)):
         keep = np.arange(len(y)) != i
@@ -356,10 +356,11 @@ def fit_steps(profile: str, calibration, pair: str | None = None, engine: str = 
     measured in a slow (or fast) moment of a drifting machine does not bend the fit: scale = the no-SD fit's
     seconds per step for the base arm's batches / the base arm's measured seconds per step. None (the default)
     fits both ways and keeps the one with the lower cross-validated error (a tie, or no cross-validation:
-    unscaled); the choice and both errors go into `provenance`. `free_step` likewise: whether the target's fit
-    may make a one-token forward dearer than a longer one (fit_linear; on the cpu profile both engines' no-SD
-    steps cost less at bs 4 than at bs 1); None tries both forms with both scalings and keeps the lowest
-    cross-validated error (ties: the simpler way, unscaled and step >= 0)."""
+    unscaled); the choice and both errors go into `provenance`. `free_step`: whether the target's fit may make a
+    one-token forward dearer than a longer one (fit_linear; on the cpu profile both engines' no-SD steps cost
+    less at bs 4 than at bs 1); None chooses it by the target fit's leave-one-point-out error (_fit_form).
+    The cross-validation over calibration cells above cannot choose it: with 3-4 cells, each left out leaves
+    the fit extrapolating, and those errors (65-85% log rms on cpu) swamp a form's effect on the bs-1 steps."""
     b = tables.load(profile, "batch", "batches")
     st = tables.load(profile, "batch", "steps")
     rq = tables.load(profile, "batch", "requests")
@@ -374,37 +375,46 @@ def fit_steps(profile: str, calibration, pair: str | None = None, engine: str = 
         st = st.assign(width=step_widths(st, dict(zip(runs["run_id"], runs["verify"]))))
     pair = pair_name(pair) if pair else str(b["pair"].iloc[0])
     b, st, rq = (x[x["pair"] == pair] for x in (b, st, rq))
-    drifts = [False, True] if drift is None and cross_validate else [bool(drift)]
-    forms = [False, True] if free_step is None and cross_validate else [bool(free_step)]
+    ways = [False, True] if drift is None and cross_validate else [bool(drift)]
     fits = []
-    for form in forms:
-        for scaled in drifts:
-            costs = _fit_steps(profile, calibration, pair, b, st, rq, scaled, form)
-            if cross_validate:
-                errs = [e for e in (_left_out_error(profile, calibration, pair, b, st, rq, rid, scaled, form)
-                                    for rid in sorted(st.loc[_named(st, calibration), "run_id"].unique()))
-                        if e is not None]
-                if errs:
-                    costs = replace(costs, cv_log_err=float(np.sqrt(np.mean(np.square(errs)))), cv_n=len(errs))
-            fits.append(((scaled, form), costs))
+    for scaled in ways:
+        costs = _fit_form(profile, calibration, pair, b, st, rq, scaled, free_step)
+        if cross_validate:
+            form = costs.fits["target"].free_step
+            errs = [e for e in (_left_out_error(profile, calibration, pair, b, st, rq, rid, scaled, form)
+                                for rid in sorted(st.loc[_named(st, calibration), "run_id"].unique()))
+                    if e is not None]
+            if errs:
+                costs = replace(costs, cv_log_err=float(np.sqrt(np.mean(np.square(errs)))), cv_n=len(errs))
+        fits.append(costs)
     if len(fits) == 1:
-        return fits[0][1]
-    # the simplest way (unscaled, step >= 0) unless another lowers the cross-validated error
-    (way, best), others = fits[0], fits[1:]
-    if best.cv_n:
-        for w, c in others:
-            if c.cv_n and c.cv_log_err < best.cv_log_err - 1e-9:
-                way, best = w, c
-    if not best.cv_n:
-        return best
-    label = {(False, False): "unscaled", (True, False): "scaled by their no-SD arm (drift)",
-             (False, True): "unscaled, one-token step free", (True, True): "scaled by their no-SD arm (drift), "
-             "one-token step free"}
-    short = {(False, False): "plain", (True, False): "drift-scaled", (False, True): "free step",
-             (True, True): "drift-scaled + free step"}
-    rest = ", ".join(f"{short[w]} {c.cv_log_err:.1%}" for w, c in fits if w != way and c.cv_n)
-    return replace(best, provenance=best.provenance + f"; calibration cells {label[way]}, chosen by "
-                   f"cross-validation ({best.cv_log_err:.1%}; others: {rest})")
+        return fits[0]
+    plain, scaled = fits
+    if plain.cv_n and scaled.cv_n and scaled.cv_log_err < plain.cv_log_err - 1e-9:
+        return replace(scaled, provenance=scaled.provenance + f"; calibration cells scaled by their no-SD arm "
+                       f"(drift), chosen by cross-validation ({scaled.cv_log_err:.1%} against {plain.cv_log_err:.1%})")
+    if plain.cv_n and scaled.cv_n:
+        return replace(plain, provenance=plain.provenance + f"; calibration cells unscaled, chosen by "
+                       f"cross-validation ({plain.cv_log_err:.1%} against {scaled.cv_log_err:.1%} scaled)")
+    return plain
+
+
+def _fit_form(profile, calibration, pair, b, st, rq, drift: bool, free_step: bool | None) -> CostModel:
+    """_fit_steps with the target's form given, or (free_step None) chosen by the leave-one-point-out relative
+    error of the target fit (loo_rel_rmse), as the e term is chosen on the hardware forwards: whether a one-token
+    forward may cost more than a longer one is a property of the forward cost, read off its points. A tie keeps
+    the step >= 0. The choice and both errors go into `provenance`."""
+    if free_step is not None:
+        return _fit_steps(profile, calibration, pair, b, st, rq, drift, bool(free_step))
+    both = {f: _fit_steps(profile, calibration, pair, b, st, rq, drift, f) for f in (False, True)}
+    loo = {f: loo_rel_rmse(c.fits["target"].points, 5, f) for f, c in both.items()}
+    if loo[True] < loo[False] - 1e-9:
+        c, why = both[True], (f"one-token step free, chosen by leave-one-point-out error ({loo[True]:.1%} "
+                              f"against {loo[False]:.1%})")
+    else:
+        c, why = both[False], (f"step at more than one token kept >= 0 (leave-one-point-out error "
+                               f"{loo[False]:.1%}, {loo[True]:.1%} if free)")
+    return replace(c, provenance=f"{c.provenance}; target: {why}")
 
 
 def decode_steps(b: pd.DataFrame) -> pd.DataFrame:
