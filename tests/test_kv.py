@@ -103,3 +103,12 @@ def test_the_kv_key_reaches_the_models_and_bad_values_are_one_line_errors():
         kv.apply(None, "paged")
     st = Study.from_dict(dict(config.load_study("batch", "fixture"), torch={"kv": "grow"}))
     assert st.torch.kv == "grow" and Study.from_dict(config.load_study("batch", "fixture")).torch.kv == "concat"
+
+
+def test_stepprofile_times_both_paths_interleaved_and_restores_the_model(pair):
+    from specdec.engines import stepprofile
+
+    out = stepprofile.kv_paths(pair.target, batch=2, context=8, pairs=2, new_tokens=4)
+    assert list(out["kv"]) == ["concat", "grow", "grow", "concat"]  # A B, B A
+    assert (out["step_s"] > 0).all() and (out.loc[out["kv"] == "concat", "ratio"] == 1).all()
+    assert getattr(pair.target, kv._ATTR) == "concat"
