@@ -103,7 +103,8 @@ def test_validation_intervals_resample_costs_and_acceptance():
     assert "pred_lo" not in advise.validate("cpu")  # n_boot=0: no interval, no cost
 
 
-def _step_tables(slow: dict | None = None, drift: dict | None = None, ngram: str | None = None):
+def _step_tables(slow: dict | None = None, drift: dict | None = None, ngram: str | None = None,
+                 jump: float | None = None):
     """Synthetic batch-study tables whose step times follow a known linear cost exactly (target
     1e-3 + 1e-4*tokens + 1e-7*kv_tokens s, draft 2e-4 + 1e-8*kv_tokens s per proposed token,
     independent of tokens: the model's first draft forward carries 2 tokens): k=0 cells at bs 1, 4,
@@ -112,8 +113,8 @@ def _step_tables(slow: dict | None = None, drift: dict | None = None, ngram: str
     plants a slow moment of the machine: both arms of that paired cell take factor times the model's seconds.
     `ngram` (a verify rule) adds paired n-gram cells at k=3, bs 1 and 16, whose lookups propose 0-3 tokens, their
     steps verifying 1 + each proposal (runs' verify: `ngram`), the target then also paying 5e-4 s for any forward
-    of more than one token."""
-    jump = 5e-4 if ngram else 0.0
+    of more than one token; `jump` sets that step instead (negative: a one-token forward is the dearer one)."""
+    jump = jump if jump is not None else 5e-4 if ngram else 0.0
     tgt = lambda tokens, kv: 1e-3 + 1e-4 * tokens + 1e-7 * kv + jump * (tokens > 1)
     dft = lambda tokens, kv: 2e-4 + 1e-8 * kv
     b, st, rq = [], [], []
@@ -239,6 +240,24 @@ def test_a_calibration_cell_measured_in_a_slow_moment_is_scaled_by_its_own_no_sd
     monkeypatch.setattr(costmodel.tables, "load", lambda profile, study, table: quiet[table])
     kept = costmodel.fit_steps("cpu", cal)
     assert kept.cv_log_err == pytest.approx(0, abs=1e-6) and "scaled by" not in kept.provenance
+    assert "one-token step free" not in kept.provenance and kept.target.d == pytest.approx(0, abs=1e-9)
+
+
+def test_a_one_token_forward_dearer_than_a_longer_one_is_fitted_when_its_points_ask(monkeypatch):
+    """On the cpu profile both engines' no-SD steps cost less at bs 4 than at bs 1. A world where any forward of
+    more than one token saves 4e-4 s: the step >= 0 form cannot fit it (bs-1 steps off, left-out cells mispredicted);
+    fit_steps tries the free one-token step, which fits it exactly, keeps it by the target fit's
+    leave-one-point-out error and says so; where the step is >= 0 (the drift test's quiet world) it is not taken."""
+    cal = ["bs*-k*-draft-*"]
+    t = _step_tables(jump=-4e-4)
+    monkeypatch.setattr(costmodel.tables, "load", lambda profile, study, table: t[table])
+    step = costmodel.fit_steps("cpu", cal, free_step=False)
+    free = costmodel.fit_steps("cpu", cal, free_step=True)
+    chosen = costmodel.fit_steps("cpu", cal)
+    assert step.fits["target"].summary()["rel_rmse"] > 0.02 and step.cv_log_err > 0.01
+    assert free.fits["target"].summary()["rel_rmse"] < 1e-6 and free.cv_log_err == pytest.approx(0, abs=1e-6)
+    assert free.target.d == pytest.approx(-4e-4, rel=1e-6) and free.target.a == pytest.approx(1e-3, rel=1e-6)
+    assert chosen.target == free.target and "one-token step free" in chosen.provenance
 
 
 def test_vllm_decode_steps_and_step_split_from_its_per_call_figures():

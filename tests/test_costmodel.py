@@ -50,6 +50,20 @@ def test_fit_is_non_negative():
     assert min(fit.cost.a, fit.cost.b, fit.cost.c) >= 0
 
 
+def test_free_step_form_fits_a_one_token_forward_dearer_than_a_longer_one():
+    """fit_linear(free_step=True): a one-token forward and a longer one get their own intercepts, so the step d
+    may be negative (recovered exactly); the default form keeps d >= 0 and misses; on a world with d >= 0
+    both forms agree."""
+    df = synthetic_forwards()
+    df["seconds"] -= 1e-3 * (df["tokens"] > 1)  # a one-token forward 1 ms dearer than the line through the rest
+    free, step = costmodel.fit_linear(df, free_step=True), costmodel.fit_linear(df)
+    assert free.cost.a == pytest.approx(A, rel=1e-6) and free.cost.d == pytest.approx(-1e-3, rel=1e-6)
+    assert free.summary()["rel_rmse"] < 1e-6 and step.cost.d >= 0 and step.summary()["rel_rmse"] > 0.01
+    assert free.free_step and not step.free_step
+    plain = costmodel.fit_linear(synthetic_forwards(), free_step=True)
+    assert plain.cost.d == pytest.approx(0, abs=1e-9) and plain.cost.a == pytest.approx(A, rel=1e-6)
+
+
 def test_fit_needs_three_points():
     df = synthetic_forwards()
     with pytest.raises(SpecdecError):

@@ -148,6 +148,7 @@ LINEAR_PATHS = ("dense", "onednn")  # onednn.py
 ATTENTION_PATHS = ("sdpa", "gqa")  # attention.py
 VERIFY_WIDTHS = ("k", "proposed", "ragged")  # engine.SpecEngine.step
 FINISHED_RULES = ("keep", "retire")  # engine.decode
+KV_PATHS = ("concat", "grow")  # kv.py
 
 
 @dataclass(frozen=True)
@@ -167,12 +168,16 @@ class TorchEngine:
     (it stays in the batch to the end, computed and discarded: the batch is as wide at its last step as at its
     first) or "retire" (it leaves the batch, as vLLM's scheduler drops a finished request, so later steps run
     only the unfinished ones). Without speculation every sequence of a batch finishes at the same step
-    (ignore_eos), so this matters only to SD arms, whose sequences accept at different rates."""
+    (ignore_eos), so this matters only to SD arms, whose sequences accept at different rates.
+    kv: how a cache takes each step's new K/V: "concat" (transformers' DynamicCache concatenates them to the whole
+    cache, a copy of it per layer per step) or "grow" (written in place into spare capacity: engines/kv.py
+    GrowLayer, as vLLM's paged cache writes only the new slots). Outputs are the same either way."""
 
     linear: str = "dense"
     attention: str = "sdpa"
     verify: str = "k"
     finished: str = "keep"
+    kv: str = "concat"
 
     def __post_init__(self):
         if self.linear not in LINEAR_PATHS:
@@ -184,6 +189,8 @@ class TorchEngine:
             raise SpecdecError(f"torch.verify must be one of {', '.join(VERIFY_WIDTHS)}, got '{self.verify}'")
         if self.finished not in FINISHED_RULES:
             raise SpecdecError(f"torch.finished must be one of {', '.join(FINISHED_RULES)}, got '{self.finished}'")
+        if self.kv not in KV_PATHS:
+            raise SpecdecError(f"torch.kv must be one of {', '.join(KV_PATHS)}, got '{self.kv}'")
 
 
 @dataclass(frozen=True)

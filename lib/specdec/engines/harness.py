@@ -15,6 +15,7 @@ from ..data import hardware, models, prompts, rawdata, traces
 from ..data.spec import PROPOSERS, Cell, Study
 from ..errors import SpecdecError
 from . import attention as attn
+from . import kv as kvmod
 from . import pairing, probe
 from .engine import GenConfig, Sequence, SpecEngine, decode, generate, prefill
 from .plan import plan
@@ -44,10 +45,11 @@ class ModelCache:
     quant "none" is the config's own regime: target in `dtype`, draft in `draft_dtype` quantized by
     `draft_quant` (e.g. a bf16 target with an int8 draft); another quant applies to both models.
     linear "onednn" packs the regime's fp32 Linear layers for oneDNN (onednn.py; an int8 draft keeps its own);
-    attention "gqa" lets torch's sdpa read the KV heads in place (attention.py)."""
+    attention "gqa" lets torch's sdpa read the KV heads in place (attention.py); kv "grow" writes each step's K/V
+    into spare cache capacity instead of concatenating (kv.py)."""
 
     def __init__(self, pair_name: str, dtype: str, device: str, draft_dtype: str | None = None,
-                 draft_quant: str = "none", linear: str = "dense", attention: str = "sdpa"):
+                 draft_quant: str = "none", linear: str = "dense", attention: str = "sdpa", kv: str = "concat"):
         self.pair = models.load_pair(pair_name, dtype=getattr(torch, dtype), device=device,
                                      draft_dtype=getattr(torch, draft_dtype or dtype))
         self.linear = linear
@@ -62,8 +64,9 @@ class ModelCache:
                 onednn.apply(model, linear)
         for model in (target, draft):
             attn.apply(model, attention)
+            kvmod.apply(model, kv)
         self.variants = {"none": (target, draft)}
-        self.attention = attention
+        self.attention, self.kv = attention, kv
         self.dtype, self.device, self._eagle, self._offload = dtype, device, None, None
 
     def eagle(self):
@@ -72,7 +75,8 @@ class ModelCache:
             src = self.pair.spec.eagle
             if src is None:
                 raise SpecdecError(f"pair '{self.pair.spec.name}' has no EAGLE-sized head (proposer eagle)")
-            self._eagle = attn.apply(models.load_model(src, getattr(torch, self.dtype), self.device), self.attention)
+            self._eagle = kvmod.apply(attn.apply(models.load_model(src, getattr(torch, self.dtype), self.device),
+                                                 self.attention), self.kv)
         return self._eagle
 
     def offloaded(self):
@@ -383,7 +387,7 @@ def measure(study: str, profile: str, limit: int | None = None, dry_run: bool = 
         raise SpecdecError(f"pair '{st.pair}' has no EAGLE-sized head: its torch engine cannot run proposer eagle")
     device = hardware.device_for(hw)
     mc = ModelCache(st.pair, st.dtype or "float32", device, st.draft_dtype, st.draft_quant, st.torch.linear,
-                    st.torch.attention)
+                    st.torch.attention, st.torch.kv)
     tok = mc.pair.tokenizer
     plists = {}
     on_cpu = str(device) == "cpu"  # the probe reads host memory: it says nothing of a GPU's timings

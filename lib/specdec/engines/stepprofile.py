@@ -13,6 +13,7 @@ that copy against torch's sdpa with enable_gqa (the engine's `torch: {attention:
     python -m specdec.engines.stepprofile --pair qwen2.5-coder-1.5b/0.5b --batch 16 32 64 --context 256 \
         --out build/cpu/stepprofile.csv
 
+`--kv concat grow` times no-SD engine decode steps with the cache growing either way (kv_paths, interleaved).
 `--verify K` instead times greedy n-gram SD over one static batch of the acceptance study's prompts with the
 target's verify padded to K+1 tokens against 1 + the batch's longest proposal (verify_widths).
 """
@@ -113,6 +114,41 @@ def profile_engine(model, batch: int, context: int, new_tokens: int = 6) -> pd.D
                   batch, context, walls)
 
 
+def kv_paths(model, batch: int, context: int, paths=("concat", "grow"), pairs: int = 3,
+             new_tokens: int = 16) -> pd.DataFrame:
+    """Wall seconds per no-SD engine decode step under each torch.kv path (kv.py), interleaved A B, B A, ...
+    for `pairs` pairs, unprofiled: `batch` random prompts of `context` tokens, `new_tokens` each (the first
+    step after the prefill, where a grown cache first copies the prefill's K/V into its buffer, is left out).
+    Columns: pair, kv, batch, context, step_s [s] (median step of the pair's decode), and ratio (the pair's
+    step_s / its first path's step_s). The model's kv path is set back to the first path afterwards."""
+    import numpy as np
+    import torch
+
+    from . import kv as kvmod
+    from .engine import GenConfig, decode, prefill
+
+    gen = torch.Generator().manual_seed(0)
+    vocab = int(model.config.vocab_size)
+    prompts = torch.randint(0, vocab, (batch, context), generator=gen).tolist()
+    cfg = GenConfig(k=0, proposer="none", max_new_tokens=new_tokens, ignore_eos=True)
+    rows = []
+    with torch.no_grad():
+        for i in range(-1, pairs):  # pair -1: warm-up, not kept
+            order = list(paths) if i % 2 == 0 else list(reversed(paths))
+            for path in order:
+                kvmod.apply(model, path)
+                eng, _ = prefill(model, None, prompts, cfg)
+                decode(eng)
+                walls = [st["draft_s"] + st["verify_s"] + st["other_s"] for st in eng.steps[1:]]
+                if i >= 0:
+                    rows.append({"pair": i, "kv": path, "batch": batch, "context": context,
+                                 "step_s": float(np.median(walls))})
+    kvmod.apply(model, paths[0])
+    out = pd.DataFrame(rows)
+    first = out[out["kv"] == paths[0]].set_index("pair")["step_s"]
+    return out.assign(ratio=out["step_s"] / out["pair"].map(first))
+
+
 def gqa_attention(batch: int, heads: int, kv_heads: int, context: int, head_dim: int, layers: int,
                   repeats: int = 3) -> dict:
     """One decode step's attention over all `layers`, two ways, with an explicit boolean mask (as the engine
@@ -192,6 +228,9 @@ def main(argv=None) -> None:
                          "the first --batch prompts of --study's cpu prompts")
     ap.add_argument("--arms", nargs=2, default=["k", "proposed"], metavar=("A", "B"),
                     help="the two torch.verify settings --verify interleaves (k, proposed, ragged)")
+    ap.add_argument("--kv", nargs="+", default=None, metavar="PATH",
+                    help="only time no-SD engine decode steps under these torch.kv paths (concat, grow; kv_paths), "
+                         "interleaved --pairs times, at each --batch and --context")
     ap.add_argument("--study", default="acceptance", help="whose prompts and new tokens --verify uses")
     ap.add_argument("--pairs", type=int, default=2, help="interleaved pairs for --verify")
     ap.add_argument("--out", default=None, help="CSV to write (default: print only)")
@@ -211,7 +250,9 @@ def main(argv=None) -> None:
     model = pair.target.eval()
     onednn.apply(model, a.linear)
     attention.apply(model, a.attention)
-    if a.verify is not None:
+    if a.kv:
+        out = pd.concat([kv_paths(model, b, a.context, tuple(a.kv), a.pairs) for b in a.batch], ignore_index=True)
+    elif a.verify is not None:
         from ..data import config
         from ..data.spec import Study
         from .harness import tokenized_prompts

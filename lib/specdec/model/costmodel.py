@@ -63,7 +63,9 @@ class LinearCost:
     context, so verifying k+1 tokens costs k+1 times the attention of one). On CPUs torch runs a one-token
     forward as matrix-vector products and anything larger as GEMM, which here costs ~2x at 2 tokens
     (measured: data/raw/cpu/hardware); on GPUs the fit finds d ~ 0. The e term was chosen by leave-one-out
-    cross-validation on the hardware forwards (cross_validate), not on the batch-study cells."""
+    cross-validation on the hardware forwards (cross_validate), not on the batch-study cells. d < 0 (fit_linear's
+    free_step form): a one-token forward is the slower one; both engines' no-SD steps on the cpu batch study
+    cost less at bs 4 than at bs 1 (medians 0.22 vs 0.26 s torch, 0.18 vs 0.24 s vLLM, 2026-12-06/07)."""
 
     a: float
     b: float
@@ -120,6 +122,7 @@ class Fit:
 
     cost: LinearCost
     points: pd.DataFrame  # batch, query, context, tokens, kv_tokens, seconds, fitted_s, rel_resid
+    free_step: bool = False  # the form fitted (fit_linear)
 
     def summary(self) -> dict:
         r = self.points["rel_resid"].to_numpy()
@@ -131,14 +134,24 @@ class Fit:
 FORMS = {"without attention term": 4, "with attention term": 5}  # columns of the design used
 
 
-def _design(points: pd.DataFrame, columns: int = 5) -> np.ndarray:
-    return np.column_stack([np.ones(len(points)), points["tokens"], points["kv_tokens"], points["tokens"] > 1,
-                            points["tokens"] * points["context"]]).astype(float)[:, :columns]
+def _design(points: pd.DataFrame, columns: int = 5, free_step: bool = False) -> np.ndarray:
+    """Columns of LinearCost's terms (a, b, c, d, e) for nnls. free_step: the first column is [tokens == 1]
+    instead of 1, so a one-token forward and a longer one each get their own non-negative intercept (a, and d
+    itself), and the step between them may have either sign (_cost maps back: d - a)."""
+    t = points["tokens"]
+    first = (t == 1) if free_step else np.ones(len(points))
+    return np.column_stack([first, t, points["kv_tokens"], t > 1, t * points["context"]]).astype(float)[:, :columns]
 
 
-def loo_rel_rmse(points: pd.DataFrame, columns: int = 5) -> float:
+def _cost(coef, free_step: bool = False) -> LinearCost:
+    """LinearCost from _design's coefficients (missing trailing ones are 0)."""
+    a, b, c, d, e = (list(map(float, coef)) + [0.0] * 5)[:5]
+    return LinearCost(a, b, c, d - a if free_step else d, e)
+
+
+def loo_rel_rmse(points: pd.DataFrame, columns: int = 5, free_step: bool = False) -> float:
     """Leave-one-out relative rmse of the fit (fraction): each point predicted by a fit to all the others."""
-    X, y = _design(points, columns), points["seconds"].to_numpy(float)
+    X, y = _design(points, columns, free_step), points["seconds"].to_numpy(float)
     errs = []
     for i in range(len(y)):
         keep = np.arange(len(y)) != i
@@ -160,9 +173,10 @@ def _nnls_relative(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     return coef
 
 
-def fit_linear(forwards: pd.DataFrame) -> Fit:
+def fit_linear(forwards: pd.DataFrame, free_step: bool = False) -> Fit:
     """Fit t = a + b*tokens + c*batch*context + d*[tokens > 1] + e*tokens*context (all >= 0) to forwards
-    rows of ONE model.
+    rows of ONE model. free_step: d may be negative down to -a (a one-token forward slower than a longer one;
+    _design), the form fit_steps may choose by cross-validation.
 
     Needs columns batch, query, context, seconds (tokens = batch*query); repeats are reduced to medians."""
     if forwards.empty:
@@ -175,11 +189,10 @@ def fit_linear(forwards: pd.DataFrame) -> Fit:
     y = pts["seconds"].to_numpy(float)
     if (y <= 0).any():
         raise SpecdecError("forward-pass times must be positive")
-    coef = _nnls_relative(_design(pts), y)
-    cost = LinearCost(*map(float, coef))
+    cost = _cost(_nnls_relative(_design(pts, free_step=free_step), y), free_step)
     pts["fitted_s"] = cost.seconds(pts["batch"], pts["query"], pts["context"])
     pts["rel_resid"] = pts["seconds"] / pts["fitted_s"] - 1
-    return Fit(cost, pts)
+    return Fit(cost, pts, free_step)
 
 
 @dataclass
@@ -281,7 +294,7 @@ class CostModel:
                 pts = f.points
                 r = rng.choice(pts["rel_resid"].to_numpy(), size=len(pts), replace=True)
                 y = pts["fitted_s"].to_numpy() * (1 + r)
-                new[name] = LinearCost(*map(float, _nnls_relative(_design(pts), y)))
+                new[name] = _cost(_nnls_relative(_design(pts, free_step=f.free_step), y), f.free_step)
             return replace(self, target=new["target"], draft=new["draft"])
         lo, hi = PRIOR_OVERHEAD_S[1]
         kw = {"eff_mem": rng.uniform(*PRIOR_EFF_MEM[1]), "eff_flops": rng.uniform(*PRIOR_EFF_FLOPS[1]),
@@ -326,7 +339,7 @@ def matches(run_id: str, patterns) -> bool:
 
 
 def fit_steps(profile: str, calibration, pair: str | None = None, engine: str = "torch",
-              cross_validate: bool = True, drift: bool | None = None) -> CostModel:
+              cross_validate: bool = True, drift: bool | None = None, free_step: bool | None = None) -> CostModel:
     """Costs fitted on the batch study's own decoding steps (end to end, as the paper's simulator fits profiled
     step times) instead of forward microbenchmarks: the target from every no-SD batch (its k=0 cells, or the
     interleaved no-SD arm of paired cells: seconds per step, 1 token) and from the verify + bookkeeping seconds
@@ -343,7 +356,11 @@ def fit_steps(profile: str, calibration, pair: str | None = None, engine: str = 
     measured in a slow (or fast) moment of a drifting machine does not bend the fit: scale = the no-SD fit's
     seconds per step for the base arm's batches / the base arm's measured seconds per step. None (the default)
     fits both ways and keeps the one with the lower cross-validated error (a tie, or no cross-validation:
-    unscaled); the choice and both errors go into `provenance`."""
+    unscaled); the choice and both errors go into `provenance`. `free_step`: whether the target's fit may make a
+    one-token forward dearer than a longer one (fit_linear; on the cpu profile both engines' no-SD steps cost
+    less at bs 4 than at bs 1); None chooses it by the target fit's leave-one-point-out error (_fit_form).
+    The cross-validation over calibration cells above cannot choose it: with 3-4 cells, each left out leaves
+    the fit extrapolating, and those errors (65-85% log rms on cpu) swamp a form's effect on the bs-1 steps."""
     b = tables.load(profile, "batch", "batches")
     st = tables.load(profile, "batch", "steps")
     rq = tables.load(profile, "batch", "requests")
@@ -361,9 +378,10 @@ def fit_steps(profile: str, calibration, pair: str | None = None, engine: str = 
     ways = [False, True] if drift is None and cross_validate else [bool(drift)]
     fits = []
     for scaled in ways:
-        costs = _fit_steps(profile, calibration, pair, b, st, rq, scaled)
+        costs = _fit_form(profile, calibration, pair, b, st, rq, scaled, free_step)
         if cross_validate:
-            errs = [e for e in (_left_out_error(profile, calibration, pair, b, st, rq, rid, scaled)
+            form = costs.fits["target"].free_step
+            errs = [e for e in (_left_out_error(profile, calibration, pair, b, st, rq, rid, scaled, form)
                                 for rid in sorted(st.loc[_named(st, calibration), "run_id"].unique()))
                     if e is not None]
             if errs:
@@ -379,6 +397,24 @@ def fit_steps(profile: str, calibration, pair: str | None = None, engine: str = 
         return replace(plain, provenance=plain.provenance + f"; calibration cells unscaled, chosen by "
                        f"cross-validation ({plain.cv_log_err:.1%} against {scaled.cv_log_err:.1%} scaled)")
     return plain
+
+
+def _fit_form(profile, calibration, pair, b, st, rq, drift: bool, free_step: bool | None) -> CostModel:
+    """_fit_steps with the target's form given, or (free_step None) chosen by the leave-one-point-out relative
+    error of the target fit (loo_rel_rmse), as the e term is chosen on the hardware forwards: whether a one-token
+    forward may cost more than a longer one is a property of the forward cost, read off its points. A tie keeps
+    the step >= 0. The choice and both errors go into `provenance`."""
+    if free_step is not None:
+        return _fit_steps(profile, calibration, pair, b, st, rq, drift, bool(free_step))
+    both = {f: _fit_steps(profile, calibration, pair, b, st, rq, drift, f) for f in (False, True)}
+    loo = {f: loo_rel_rmse(c.fits["target"].points, 5, f) for f, c in both.items()}
+    if loo[True] < loo[False] - 1e-9:
+        c, why = both[True], (f"one-token step free, chosen by leave-one-point-out error ({loo[True]:.1%} "
+                              f"against {loo[False]:.1%})")
+    else:
+        c, why = both[False], (f"step at more than one token kept >= 0 (leave-one-point-out error "
+                               f"{loo[False]:.1%}, {loo[True]:.1%} if free)")
+    return replace(c, provenance=f"{c.provenance}; target: {why}")
 
 
 def decode_steps(b: pd.DataFrame) -> pd.DataFrame:
@@ -476,13 +512,13 @@ def _drift_scales(no_sd: LinearCost, base: pd.DataFrame, ctx: dict, run_ids) -> 
     return out
 
 
-def _fit_steps(profile, calibration, pair, b, st, rq, drift: bool = False) -> CostModel:
+def _fit_steps(profile, calibration, pair, b, st, rq, drift: bool = False, free_step: bool = False) -> CostModel:
     ctx = _contexts(rq)
     base = b[(b["arm"] == "base") | (b["k"] == 0)]
     tgt = [{"batch": r.size, "query": 1, "context": ctx.get((r.run_id, r.repeat, r.batch_idx), np.nan),
             "seconds": r.decode_s / r.steps} for r in base.itertuples() if r.steps > 0]
     cal = st[_named(st, calibration)]
-    scale = (_drift_scales(fit_linear(pd.DataFrame(tgt).dropna()).cost, base, ctx, cal["run_id"].unique())
+    scale = (_drift_scales(fit_linear(pd.DataFrame(tgt).dropna(), free_step).cost, base, ctx, cal["run_id"].unique())
              if drift and cal.size else {})
     draft, ngram = [], []
     if "width" not in cal:
@@ -506,14 +542,15 @@ def _fit_steps(profile, calibration, pair, b, st, rq, drift: bool = False) -> Co
     tgt = pd.DataFrame(tgt).dropna()
     if not draft:
         raise SpecdecError(f"no draft-model calibration cell among {list(calibration)} on {profile}")
-    ft, fd = fit_linear(tgt), fit_linear(pd.DataFrame(draft).dropna())
+    ft, fd = fit_linear(tgt, free_step), fit_linear(pd.DataFrame(draft).dropna())
     return CostModel(profile, pair, "steps", ft.cost, fd.cost, {"target": ft, "draft": fd},
                      ngram_fraction=float(np.median(ngram)) if ngram else 0.0,
                      provenance=f"batch-study steps of data/raw/{profile}/batch: no-SD batches + "
                                 f"{cal['run_id'].nunique()} calibration cell(s) ({', '.join(calibration)})")
 
 
-def _left_out_error(profile, calibration, pair, b, st, rq, run_id, drift: bool = False) -> float | None:
+def _left_out_error(profile, calibration, pair, b, st, rq, run_id, drift: bool = False,
+                    free_step: bool = False) -> float | None:
     """log(predicted / measured) no-SD-to-SD step-time ratio of calibration cell `run_id`, its costs refitted
     without it; None where the refit or the cell's no-SD reference is missing."""
     cell = b[(b["run_id"] == run_id) & (b["arm"] == "cell")]
@@ -524,7 +561,7 @@ def _left_out_error(profile, calibration, pair, b, st, rq, run_id, drift: bool =
         return None
     keep = [x[x["run_id"] != run_id] for x in (b, st, rq)]
     try:
-        costs = _fit_steps(profile, calibration, pair, *keep, drift)
+        costs = _fit_steps(profile, calibration, pair, *keep, drift, free_step)
     except SpecdecError:
         return None
     c = cell.iloc[0]
