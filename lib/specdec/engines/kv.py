@@ -7,6 +7,8 @@ and `select()` add and drop sequences (continuous batching).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 PATHS = ("concat", "grow")  # the study key torch.kv (spec.KV_PATHS)
@@ -24,7 +26,9 @@ def apply(model, path: str):
     return model
 
 
+@functools.cache
 def _grow_layer_class():
+    """GrowLayer, built at first use (transformers is imported lazily)."""
     from transformers.cache_utils import DynamicLayer
 
     class GrowLayer(DynamicLayer):
@@ -62,19 +66,13 @@ def _grow_layer_class():
     return GrowLayer
 
 
-_GROW = None
-
-
 def grow(cache) -> None:
     """Make every plain DynamicLayer of `cache` a GrowLayer, in place (other layer kinds are left as they are)."""
-    global _GROW
     from transformers.cache_utils import DynamicLayer
 
-    if _GROW is None:
-        _GROW = _grow_layer_class()
     for layer in getattr(cache, "layers", []):
         if type(layer) is DynamicLayer:
-            layer.__class__ = _GROW
+            layer.__class__ = _grow_layer_class()
 
 
 def _layers(cache):

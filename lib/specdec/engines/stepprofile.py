@@ -90,6 +90,24 @@ def _frame(df: pd.DataFrame, batch: int, context: int, walls: list) -> pd.DataFr
         ["batch", "context", "family", "seconds", "share", "step_s"]]
 
 
+def _prefilled(model, batch: int, context: int, new_tokens: int):
+    """A no-SD engine after the prefill of `batch` random prompts of `context` tokens (seed 0: the same prompts
+    every call), `new_tokens` to decode each."""
+    import torch
+
+    from .engine import GenConfig, prefill
+
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, int(model.config.vocab_size), (batch, context), generator=gen).tolist()
+    return prefill(model, None, prompts, GenConfig(k=0, proposer="none", max_new_tokens=new_tokens,
+                                                   ignore_eos=True))[0]
+
+
+def _walls(steps) -> list:
+    """Wall seconds of each engine step record."""
+    return [st["draft_s"] + st["verify_s"] + st["other_s"] for st in steps]
+
+
 def profile_engine(model, batch: int, context: int, new_tokens: int = 6) -> pd.DataFrame:
     """The same split for the torch engine's own no-SD decode steps (engine.decode after engine.prefill, k=0):
     `batch` random prompts of `context` tokens (no padding), `new_tokens` each; seconds per decode step are the
@@ -98,18 +116,14 @@ def profile_engine(model, batch: int, context: int, new_tokens: int = 6) -> pd.D
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from .engine import GenConfig, decode, prefill
+    from .engine import decode
 
-    gen = torch.Generator().manual_seed(0)
-    vocab = int(model.config.vocab_size)
-    prompts = torch.randint(0, vocab, (batch, context), generator=gen).tolist()
-    cfg = GenConfig(k=0, proposer="none", max_new_tokens=new_tokens, ignore_eos=True)
     with torch.no_grad():
-        eng, _ = prefill(model, None, prompts, cfg)
+        eng = _prefilled(model, batch, context, new_tokens)
         with profile(activities=[ProfilerActivity.CPU]) as p:
             decode(eng)
     steps = max(len(eng.steps), 1)
-    walls = [st["draft_s"] + st["verify_s"] + st["other_s"] for st in eng.steps] or [float("nan")]
+    walls = _walls(eng.steps) or [float("nan")]
     return _frame(pd.DataFrame([{"family": f, "seconds": s / steps} for f, s in _families(p).items()]),
                   batch, context, walls)
 
@@ -125,21 +139,17 @@ def kv_paths(model, batch: int, context: int, paths=("concat", "grow"), pairs: i
     import torch
 
     from . import kv as kvmod
-    from .engine import GenConfig, decode, prefill
+    from .engine import decode
 
-    gen = torch.Generator().manual_seed(0)
-    vocab = int(model.config.vocab_size)
-    prompts = torch.randint(0, vocab, (batch, context), generator=gen).tolist()
-    cfg = GenConfig(k=0, proposer="none", max_new_tokens=new_tokens, ignore_eos=True)
     rows = []
     with torch.no_grad():
         for i in range(-1, pairs):  # pair -1: warm-up, not kept
             order = list(paths) if i % 2 == 0 else list(reversed(paths))
             for path in order:
                 kvmod.apply(model, path)
-                eng, _ = prefill(model, None, prompts, cfg)
+                eng = _prefilled(model, batch, context, new_tokens)
                 decode(eng)
-                walls = [st["draft_s"] + st["verify_s"] + st["other_s"] for st in eng.steps[1:]]
+                walls = _walls(eng.steps[1:])
                 if i >= 0:
                     rows.append({"pair": i, "kv": path, "batch": batch, "context": context,
                                  "step_s": float(np.median(walls))})

@@ -176,7 +176,7 @@ def _nnls_relative(X: np.ndarray, y: np.ndarray) -> np.ndarray:
 def fit_linear(forwards: pd.DataFrame, free_step: bool = False) -> Fit:
     """Fit t = a + b*tokens + c*batch*context + d*[tokens > 1] + e*tokens*context (all >= 0) to forwards
     rows of ONE model. free_step: d may be negative down to -a (a one-token forward slower than a longer one;
-    _design), the form fit_steps may choose by cross-validation.
+    _design), the form fit_steps may choose by leave-one-point-out error (_fit_form).
 
     Needs columns batch, query, context, seconds (tokens = batch*query); repeats are reduced to medians."""
     if forwards.empty:
