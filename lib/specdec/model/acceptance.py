@@ -284,9 +284,8 @@ class AcceptanceModel:
     def resample(self, rng: np.random.Generator) -> "AcceptanceModel":
         """One bootstrap replicate: traces (requests) drawn with replacement."""
         idx = rng.integers(0, len(self.tried), size=len(self.tried))
-        if self.offered is None:
-            return AcceptanceModel(self.tried[idx], self.acc[idx], None, self.source)
-        return AcceptanceModel(self.tried[idx], self.acc[idx], None, self.source, self.reach[idx], self.offered[idx])
+        pick = (lambda a: None if a is None else a[idx])
+        return AcceptanceModel(self.tried[idx], self.acc[idx], None, self.source, pick(self.reach), pick(self.offered))
 
     def describe(self) -> str:
         n = len(self.traces) or len(self.tried)
