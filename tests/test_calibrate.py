@@ -100,6 +100,13 @@ def test_validation_intervals_resample_costs_and_acceptance():
     assert (v["pred_lo"] <= v["pred_hi"]).all() and (v["pred_hi"] > v["pred_lo"]).any()
     assert 0 <= v.attrs["coverage"] <= 1
     assert v.attrs["coverage"] == pytest.approx(v["covered"].mean())
+    assert 0 <= v.attrs["coverage_model"] <= 1 and (v["model_lo"] <= v["model_hi"]).all()
+    wider = (v["pred_hi"] / v["pred_lo"]) >= (v["model_hi"] / v["model_lo"])
+    if v.attrs["run_log_sd"] > 0:  # the fixture's paired calibration cells: a cell's noise widens the intervals
+        assert wider.mean() > 0.5 and np.log(v["pred_hi"] / v["pred_lo"]).median() > \
+            np.log(v["model_hi"] / v["model_lo"]).median()
+    else:
+        assert (v["pred_lo"] == v["model_lo"]).all() and (v["pred_hi"] == v["model_hi"]).all()
     assert "pred_lo" not in advise.validate("cpu")  # n_boot=0: no interval, no cost
 
 

@@ -213,6 +213,35 @@ def test_interval_from_bootstrap_brackets_the_point():
     assert exact.lo == pytest.approx(exact.speedup) == pytest.approx(exact.hi)  # nothing to resample
 
 
+def test_run_noise_widens_the_interval_and_is_absent_at_zero():
+    """Issue 12 item 3 (G14): an interval checked against measured cells carries a cell's run-to-run noise;
+    with run_log_sd 0 nothing is drawn, so the interval is the costs-and-acceptance one exactly."""
+    from dataclasses import replace
+    acc = AcceptanceModel.from_traces(iid_traces(0.6, 5, n_req=40))
+    cm = costmodel.load("fixture", "tiny-vllm")
+    plain = predict.predict(cm, acc, 2, 3, n_boot=200)
+    assert predict.predict(replace(cm, run_log_sd=0.0), acc, 2, 3, n_boot=200) == plain
+    noisy = predict.predict(replace(cm, run_log_sd=0.3), acc, 2, 3, n_boot=200)
+    assert noisy.speedup == plain.speedup
+    assert noisy.hi / noisy.lo > (plain.hi / plain.lo) * 1.5  # 90% of N(0, 0.3) alone spans exp(0.99) = 2.7x
+    exact = predict.predict(replace(costs(), run_log_sd=0.1), AcceptanceModel.iid(0.6, 5), 2, 3, n_boot=400)
+    assert np.log(exact.hi / exact.lo) == pytest.approx(2 * 1.645 * 0.1, rel=0.2)  # the noise alone
+
+
+def test_run_log_sd_pools_pair_spread_over_paired_runs():
+    """Pair log ratios [0.1, -0.1, 0] and [0.2, 0]: deviations 0.02 + 0.02 over 2 + 1 degrees of freedom,
+    divided by the median pairs per run (2.5); a run with one pair or no base arm adds nothing."""
+    rows = []
+    for rid, logs in (("a", [0.1, -0.1, 0.0]), ("b", [0.2, 0.0]), ("c", [0.5])):
+        for i, x in enumerate(logs):
+            rows += [{"run_id": rid, "arm": "base", "pair_idx": i, "decode_tokens": 10.0, "decode_s": 2.0},
+                     {"run_id": rid, "arm": "cell", "pair_idx": i, "decode_tokens": 10.0 * np.exp(x), "decode_s": 2.0}]
+    rows += [{"run_id": "d", "arm": "cell", "pair_idx": i, "decode_tokens": 10.0 + i, "decode_s": 2.0} for i in range(3)]
+    b = pd.DataFrame(rows)
+    assert costmodel.run_log_sd(b) == pytest.approx(np.sqrt(0.04 / 3 / 2.5))
+    assert costmodel.run_log_sd(b[b["run_id"].isin(["c", "d"])]) == 0.0
+
+
 def test_static_steps_per_request_keeps_slow_requests_slow():
     acc = AcceptanceModel.from_traces([Trace(3, (3,) * 50), Trace(3, (0,) * 50)])
     # each sequence is all-fast (3 steps for 12 tokens) or all-slow (12 steps): a batch of 8 waits for a slow one

@@ -215,6 +215,17 @@ class CostModel:
     # error it measures (71% on cpu, 122% on cpu-bf16, 2026-12-05) would make every interval uninformative
     cv_log_err: float = 0.0
     cv_n: int = 0
+    # run-to-run noise (fit_steps, paired calibration cells): log sd of one cell's measured speedup about its
+    # expectation, from the spread of its interleaved pairs (the machine's drift and contention between pairs),
+    # pooled over the calibration cells and divided by sqrt(pairs per cell). The intervals (predict, validate)
+    # multiply each replicate by exp(N(0, run_log_sd)): they are intervals for a measured cell, which is what
+    # they are checked against. 0: not estimated (no paired calibration cells), no term.
+    run_log_sd: float = 0.0
+
+    def run_noise(self, rng: np.random.Generator) -> float:
+        """One draw of a measured cell's speedup over its expectation (factor, 1.0 when run_log_sd is 0; no
+        random number is drawn then, so intervals without the term are unchanged)."""
+        return float(np.exp(rng.normal(0.0, self.run_log_sd))) if self.run_log_sd > 0 else 1.0
 
     def forward_s(self, model: str, batch, query, context):
         """Seconds for one forward of "target" or "draft"."""
@@ -269,8 +280,9 @@ class CostModel:
             res = self.residuals()
             cv = (f"; step-ratio error cross-validated over {self.cv_n} left-out calibration cell(s) "
                   f"{self.cv_log_err:.1%} (log rms)" if self.cv_n else "; no cross-validated error (too few cells)")
+            noise = f"; run-to-run noise {self.run_log_sd:.1%} (log sd per cell)" if self.run_log_sd > 0 else ""
             return (f"FITTED END TO END on {self.provenance} (rel. rmse target {res['target']['rel_rmse']:.1%} over "
-                    f"{res['target']['n']} points, draft {res['draft']['rel_rmse']:.1%}{cv})")
+                    f"{res['target']['n']} points, draft {res['draft']['rel_rmse']:.1%}{cv}{noise})")
         if self.source == "prior":
             t = self.target
             return (f"PRIOR (roofline from the {self.profile} spec sheet, eff_mem {t.eff_mem:g}, "
@@ -366,6 +378,8 @@ def fit_steps(profile: str, calibration, pair: str | None = None, engine: str = 
     rq = tables.load(profile, "batch", "requests")
     b, st, rq = (x[x["engine"] == engine] for x in (b, st, rq))
     runs = tables.runs(profile, "batch")
+    pair = pair_name(pair) if pair else str(b["pair"].iloc[0])
+    noise = run_log_sd(b[(b["pair"] == pair) & b["run_id"].map(lambda r: matches(r, calibration))])
     if engine == "vllm":  # no per-step rows: steps and the step split from vLLM's per-call figures
         b = decode_steps(b)
         st = vllm_step_rows(b)
@@ -373,7 +387,6 @@ def fit_steps(profile: str, calibration, pair: str | None = None, engine: str = 
         st = st.assign(width=[widths.get(r, k + 1.0) for r, k in zip(st["run_id"], st["k"])])
     else:
         st = st.assign(width=step_widths(st, dict(zip(runs["run_id"], runs["verify"]))))
-    pair = pair_name(pair) if pair else str(b["pair"].iloc[0])
     b, st, rq = (x[x["pair"] == pair] for x in (b, st, rq))
     ways = [False, True] if drift is None and cross_validate else [bool(drift)]
     fits = []
@@ -386,7 +399,7 @@ def fit_steps(profile: str, calibration, pair: str | None = None, engine: str = 
                     if e is not None]
             if errs:
                 costs = replace(costs, cv_log_err=float(np.sqrt(np.mean(np.square(errs)))), cv_n=len(errs))
-        fits.append(costs)
+        fits.append(replace(costs, run_log_sd=noise))
     if len(fits) == 1:
         return fits[0]
     plain, scaled = fits
@@ -397,6 +410,27 @@ def fit_steps(profile: str, calibration, pair: str | None = None, engine: str = 
         return replace(plain, provenance=plain.provenance + f"; calibration cells unscaled, chosen by "
                        f"cross-validation ({plain.cv_log_err:.1%} against {scaled.cv_log_err:.1%} scaled)")
     return plain
+
+
+def run_log_sd(b: pd.DataFrame) -> float:
+    """Log sd of one paired cell's measured speedup about its expectation, from batches `b` (rows of paired
+    runs: arm cell/base, pair_idx, decode_tokens, decode_s): per pair, log(cell tok/s / base tok/s); the
+    deviations from each run's mean are pooled over runs (sum of squares / sum of (pairs - 1)), and the pooled
+    sd divided by sqrt(the median pairs per run), as a cell's speedup averages its pairs. 0.0 when no run has
+    two pairs (unpaired runs are skipped)."""
+    dev, dof, sizes = 0.0, 0, []
+    if not {"arm", "pair_idx"} <= set(b.columns):  # unpaired tables
+        return 0.0
+    for _, g in b.groupby("run_id"):
+        arms = [g[g["arm"] == a].groupby("pair_idx")[["decode_tokens", "decode_s"]].sum() for a in ("cell", "base")]
+        both = arms[0].add_suffix("_c").join(arms[1].add_suffix("_b"), how="inner")
+        if len(both) < 2:
+            continue
+        x = np.log((both["decode_tokens_c"] / both["decode_s_c"]) / (both["decode_tokens_b"] / both["decode_s_b"]))
+        dev += float(np.square(x - x.mean()).sum())
+        dof += len(x) - 1
+        sizes.append(len(x))
+    return float(np.sqrt(dev / dof / np.median(sizes))) if dof else 0.0
 
 
 def _fit_form(profile, calibration, pair, b, st, rq, drift: bool, free_step: bool | None) -> CostModel:

@@ -186,7 +186,8 @@ def request_speedup(costs: CostModel, acc, batch: int, k: int, proposer: str, pr
 def predict(costs: CostModel, acc, batch: int, k: int, context=DEFAULT_CONTEXT,
             proposer: str = "draft", n_boot: int = 300, level: float = 0.9, seed: int = 0,
             extrapolate: bool = False, prefill: tuple[float, float] | None = None) -> Prediction:
-    """Point speedup plus a percentile-bootstrap interval (traces and cost residuals resampled jointly).
+    """Point speedup plus a percentile-bootstrap interval (traces and cost residuals resampled jointly, and the
+    run-to-run noise of a measured cell where the costs carry it: CostModel.run_log_sd).
     `prefill` = (prompt tokens, output tokens) counts each request's prefill (speedup_with_prefill)."""
     def one(c, a):
         if len(getattr(a, "gen_len", [])):  # per-position traces: per-request steady state
@@ -197,7 +198,7 @@ def predict(costs: CostModel, acc, batch: int, k: int, context=DEFAULT_CONTEXT,
 
     point = one(costs, acc)
     rng = np.random.default_rng(seed)
-    boots = [one(costs.resample(rng), acc.resample(rng)) for _ in range(n_boot if k > 0 else 0)]
+    boots = [one(costs.resample(rng), acc.resample(rng)) * costs.run_noise(rng) for _ in range(n_boot if k > 0 else 0)]
     tail = (1 - level) / 2 * 100
     lo, hi = (np.percentile(boots, [tail, 100 - tail]) if boots else (point, point))
     return Prediction(batch, k, context, point, float(lo), float(hi), level,

@@ -230,9 +230,10 @@ def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int
     sequence: measured_width from the cell's steps or vLLM's counters, predicted_width), verify (the rule);
     df.attrs["mape"] = mean abs_pct_err [%], df.attrs["cost_source"] = how the costs were obtained. With
     n_boot > 0 also pred_lo/pred_hi (the `level` interval of the prediction: costs and acceptance resampled
-    jointly, as advise's interval) and covered, and
-    df.attrs["coverage"] (fraction of cells covered) and df.attrs["half_width"] (median half width of the interval
-    as a fraction of the prediction: a wide enough interval covers anything)."""
+    jointly and each replicate times a draw of the run-to-run noise, CostModel.run_log_sd, as advise's interval),
+    model_lo/model_hi (the same without the noise) and covered, and df.attrs["coverage"] (fraction of cells
+    covered), ["coverage_model"] (by model_lo/hi), ["run_log_sd"] and ["half_width"] (median half width of the
+    interval as a fraction of the prediction: a wide enough interval covers anything)."""
     batches = tables.load(profile, "batch", "batches")
     reqs = tables.load(profile, "batch", "requests")
     pair = costmodel.pair_name(pair) if pair else str(batches["pair"].iloc[0])
@@ -314,15 +315,18 @@ def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int
                        predicted_width=acc.verify_width(k, bs, rule, ext) if prop == "ngram" else k + 1.0,
                        predicted=need * row["predicted_base_step_s"] / sd_seconds(costs, acc, finish),
                        predicted_steady=float(speedup(costs, acc, bs, k, ctx, prop, ext, rule)))
-            if n_boot:  # the interval advise would give: costs and acceptance resampled jointly
+            if n_boot:  # the interval advise would give: costs, acceptance and a cell's run-to-run noise
                 rng = np.random.default_rng([seed, bs, k])
-                reps = []
+                reps, noise = [], []
                 for i in range(n_boot):
                     cb, ab = costs.resample(rng), acc.resample(rng)
                     fb = static_finish(ab, k, bs, need, max(n_sim // 10, 50), seed + i, ext, per_request)
                     reps.append(need * cb.step_s(bs, 0, ctx) / sd_seconds(cb, ab, fb))
+                    noise.append(costs.run_noise(rng))
                 tail = (1 - level) / 2 * 100
-                row["pred_lo"], row["pred_hi"] = (float(x) for x in np.percentile(reps, [tail, 100 - tail]))
+                row["pred_lo"], row["pred_hi"] = (float(x) for x in np.percentile(np.multiply(reps, noise),
+                                                                                   [tail, 100 - tail]))
+                row["model_lo"], row["model_hi"] = (float(x) for x in np.percentile(reps, [tail, 100 - tail]))
         rows.append(row)
     if not rows:
         raise SpecdecError(f"no SD cells with a matching no-SD cell in data/raw/{profile}/batch")
@@ -337,6 +341,9 @@ def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int
     if n_boot and "pred_lo" in df:
         df["covered"] = (df["measured"] >= df["pred_lo"]) & (df["measured"] <= df["pred_hi"])
         df.attrs["coverage"] = float(df.loc[df["pred_lo"].notna(), "covered"].mean())
+        model = (df["measured"] >= df["model_lo"]) & (df["measured"] <= df["model_hi"])
+        df.attrs["coverage_model"] = float(model[df["model_lo"].notna()].mean())
+        df.attrs["run_log_sd"] = float(costs.run_log_sd)
         df.attrs["half_width"] = float(((df["pred_hi"] - df["pred_lo"]) / 2 / df["predicted"]).median())
     return df
 
