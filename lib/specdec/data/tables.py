@@ -436,6 +436,13 @@ def _read_cached(where: str, sig: tuple) -> dict | None:
         return None
 
 
+def pair_sums(g: pd.DataFrame) -> pd.DataFrame:
+    """One paired run's batches (arm cell/base, pair_idx) summed per interleaved pair: decode tokens and seconds of
+    each arm (columns decode_tokens_c, decode_s_c, decode_tokens_b, decode_s_b), one row per pair both arms ran."""
+    cell, base = (g[g["arm"] == a].groupby("pair_idx")[["decode_tokens", "decode_s"]].sum() for a in ("cell", "base"))
+    return cell.add_suffix("_c").join(base.add_suffix("_b"), how="inner")
+
+
 def runs(profile: str, study: str) -> pd.DataFrame:
     """The `runs` table: one row per complete run of the study's current config."""
     return load(profile, study, "runs")

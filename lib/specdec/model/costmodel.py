@@ -418,12 +418,11 @@ def run_log_sd(b: pd.DataFrame) -> float:
     deviations from each run's mean are pooled over runs (sum of squares / sum of (pairs - 1)), and the pooled
     sd divided by sqrt(the median pairs per run), as a cell's speedup averages its pairs. 0.0 when no run has
     two pairs (unpaired runs are skipped)."""
-    dev, dof, sizes = 0.0, 0, []
     if not {"arm", "pair_idx"} <= set(b.columns):  # unpaired tables
         return 0.0
+    dev, dof, sizes = 0.0, 0, []
     for _, g in b.groupby("run_id"):
-        arms = [g[g["arm"] == a].groupby("pair_idx")[["decode_tokens", "decode_s"]].sum() for a in ("cell", "base")]
-        both = arms[0].add_suffix("_c").join(arms[1].add_suffix("_b"), how="inner")
+        both = tables.pair_sums(g)
         if len(both) < 2:
             continue
         x = np.log((both["decode_tokens_c"] / both["decode_s_c"]) / (both["decode_tokens_b"] / both["decode_s_b"]))

@@ -164,9 +164,7 @@ def _batches(profile: str, study: str) -> pd.DataFrame:
 def _paired(g: pd.DataFrame, *key) -> tuple[float, float, np.ndarray]:
     """(base throughput tok/s, speedup, replicates) of a paired run: sum over pairs of cell tokens / cell s,
     divided by the same over base batches; the bootstrap resamples pairs (both arms of a pair together)."""
-    cell = g[g["arm"] == "cell"].groupby("pair_idx")[["decode_tokens", "decode_s"]].sum()
-    base = g[g["arm"] == "base"].groupby("pair_idx")[["decode_tokens", "decode_s"]].sum()
-    both = cell.add_suffix("_c").join(base.add_suffix("_b"), how="inner")
+    both = tables.pair_sums(g)
     tc, sc = both["decode_tokens_c"].to_numpy(float), both["decode_s_c"].to_numpy(float)
     tb, sb = both["decode_tokens_b"].to_numpy(float), both["decode_s_b"].to_numpy(float)
     base_tp = tb.sum() / sb.sum()
