@@ -46,6 +46,26 @@ def test_staging_changes_no_hash_and_the_staged_view_is_the_promoted_config():
     assert st.torch_next == Study.from_dict(view).torch and st.torch_next != st.torch
 
 
+def test_staged_timing_is_merged_into_timing_and_changes_the_torch_hash_only():
+    # a profile only the torch engine measures can stage paired timing with its engine settings (cpu-bf16)
+    cfg = config.load_study("batch", "cpu-bf16")
+    cfg = dict(cfg, torch_next={"finished": "retire", "timing": {"paired": True}})
+    assert not cfg["timing"].get("paired")
+    view = config.next_view(cfg)
+    assert view["timing"] == {**cfg["timing"], "paired": True} and view["torch"]["finished"] == "retire"
+    assert "timing" not in view["torch"]
+    only_timing = config.next_view(dict(cfg, torch_next={"timing": {"paired": True}}))
+    assert only_timing["torch"] == dict(cfg.get("torch") or {}) and only_timing["timing"]["paired"] is True
+    assert config.config_hash(only_timing) != config.config_hash(cfg)
+    st = Study.from_dict(cfg)  # the timing key is no torch setting, and it is no unknown key either
+    assert st.torch_next.finished == "retire" and not st.timing.paired
+    assert Study.from_dict(view).timing.paired
+    with pytest.raises(SpecdecError, match="torch_next.timing must be a mapping"):
+        config.next_view(dict(cfg, torch_next={"timing": "paired"}))
+    with pytest.raises(SpecdecError, match="changes nothing"):
+        config.next_view(dict(cfg, torch_next={"timing": {"repeats": cfg["timing"]["repeats"]}}))
+
+
 @pytest.mark.parametrize("staged, msg", [
     (None, "stages no torch_next"),
     ({"linear": "onednn"}, "changes nothing in torch"),

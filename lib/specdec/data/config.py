@@ -266,18 +266,26 @@ def engine_view(cfg: dict, engine: str) -> dict:
 def next_view(cfg: dict) -> dict:
     """The config as `measure --next` runs it: `torch` merged with the staged `torch_next`, which is dropped.
     That is the config after promotion (move torch_next's keys into torch, delete torch_next), so the runs
-    measured now are current once it is promoted; until then analysis ignores them (their hash differs)."""
+    measured now are current once it is promoted; until then analysis ignores them (their hash differs).
+    A `timing` mapping inside torch_next stages timing keys the same way (e.g. `paired: true` for a profile
+    only the torch engine measures): it is merged into the top-level `timing`, and promotion moves it there."""
     where = f"config {cfg.get('study', '?')}.yaml, profile {cfg.get('profile')}"
     nxt = cfg.get("torch_next")
     if not nxt:
         raise SpecdecError(f"{where} stages no torch_next: nothing for --next to measure")
     if not isinstance(nxt, dict):
         raise SpecdecError(f"{where}: torch_next must be a mapping of torch settings, got {nxt!r}")
-    now = dict(cfg.get("torch") or {})
-    if {**now, **nxt} == now:
-        raise SpecdecError(f"{where}: torch_next changes nothing in torch ({now})")
+    nxt = dict(nxt)
+    timing = nxt.pop("timing", None) or {}
+    if not isinstance(timing, dict):
+        raise SpecdecError(f"{where}: torch_next.timing must be a mapping of timing settings, got {timing!r}")
+    now, now_timing = dict(cfg.get("torch") or {}), dict(cfg.get("timing") or {})
+    if {**now, **nxt} == now and {**now_timing, **timing} == now_timing:
+        raise SpecdecError(f"{where}: torch_next changes nothing in torch ({now}) or timing")
     out = {k: v for k, v in cfg.items() if k != "torch_next"}
     out["torch"] = {**now, **nxt}
+    if timing:
+        out["timing"] = {**now_timing, **timing}
     return out
 
 

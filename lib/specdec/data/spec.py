@@ -214,7 +214,8 @@ class Study:
     calibration: tuple = ()
     torch: TorchEngine = TorchEngine()
     # torch settings being re-measured before they replace `torch` (config.next_view, `measure --next`); the
-    # runs use `torch` merged with these. Not in the hash: staging them changes no run's validity.
+    # runs use `torch` merged with these (a `timing` mapping inside stages timing keys: config.next_view). Not in
+    # the hash: staging them changes no run's validity.
     torch_next: TorchEngine | None = None
     serving: Serving = Serving()
     slo: Slo = Slo()
@@ -242,7 +243,9 @@ class Study:
                         timing=_build(Timing, cfg.get("timing"), f"{name}: timing"), vllm=dict(cfg.get("vllm") or {}),
                         torch=_build(TorchEngine, cfg.get("torch"), f"{name}: torch"),
                         torch_next=(None if cfg.get("torch_next") is None else
-                                    _build(TorchEngine, {**(cfg.get("torch") or {}), **cfg["torch_next"]},
+                                    _build(TorchEngine, {**(cfg.get("torch") or {}),
+                                                         **{k: v for k, v in cfg["torch_next"].items()
+                                                            if k != "timing"}},  # timing: config.next_view
                                            f"{name}: torch_next")),
                         serving=_build(Serving, cfg.get("serving"), f"{name}: serving"),
                         slo=_build(Slo, cfg.get("slo"), f"{name}: slo"))
