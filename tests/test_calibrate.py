@@ -196,6 +196,20 @@ def test_step_widths_follow_each_runs_verify_rule():
     assert list(w) == [4.0, 3.0, 2.0, 1.0, 4.0]  # "d": no rule known, padded to k+1
 
 
+def test_measured_widths_are_each_runs_mean_of_its_sd_steps():
+    """validate shows a run's measured width: the mean of its SD steps' widths under its rule (torch engine
+    rows only; k=0 steps and other engines' rows left out), vLLM's from its counters."""
+    st = pd.DataFrame({"run_id": ["c", "c", "c", "a", "v"], "engine": ["torch"] * 4 + ["vllm"],
+                       "k": [3, 3, 0, 3, 3], "proposed": [[0, 2], [3, 1], [0, 0], [1, 1], [3, 3]]})
+    runs = pd.DataFrame({"run_id": ["a", "c", "v"], "verify": ["k", "ragged", "k"],
+                         "drafts": [np.nan, np.nan, 10.0], "drafted_tokens": [np.nan, np.nan, 30.0],
+                         "accepted_tokens": [np.nan, np.nan, 5.0]})
+    b = pd.DataFrame({"run_id": ["v", "v"], "arm": ["cell", "base"], "k": [3, 0], "decode_tokens": [25, 50]})
+    assert costmodel.measured_widths(st, b, runs, "torch") == pytest.approx({"c": (2.0 + 3.0) / 2, "a": 4.0})
+    assert costmodel.measured_widths(None, b, runs, "vllm") == pytest.approx({"v": 1 + 30 / 20})
+    assert costmodel.measured_widths(st[st["k"] == 0], b, runs, "torch") == {}
+
+
 def test_vllm_verify_width_from_its_counters():
     """vLLM verifies each request's own draft: 1 + drafted tokens per request-step, a request-step emitting 1 + its
     accepted tokens (numbers of a real bs-1 k=3 n-gram cell: 474 drafted, 75 accepted, 378 decode tokens)."""

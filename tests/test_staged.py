@@ -47,15 +47,18 @@ def test_staging_changes_no_hash_and_the_staged_view_is_the_promoted_config():
 
 
 def test_staged_timing_is_merged_into_timing_and_changes_the_torch_hash_only():
-    # a profile only the torch engine measures can stage paired timing with its engine settings (cpu-bf16)
+    # a profile only the torch engine measures can stage paired timing with its engine settings (as cpu-bf16's
+    # were staged before their promotion): its config as it was, unpaired, with default torch settings
     cfg = config.load_study("batch", "cpu-bf16")
-    cfg = dict(cfg, torch_next={"finished": "retire", "timing": {"paired": True}})
+    cfg = {k: v for k, v in cfg.items() if k != "torch"}
+    cfg = dict(cfg, timing={k: v for k, v in cfg["timing"].items() if k != "paired"},
+               torch_next={"finished": "retire", "timing": {"paired": True}})
     assert not cfg["timing"].get("paired")
     view = config.next_view(cfg)
     assert view["timing"] == {**cfg["timing"], "paired": True} and view["torch"]["finished"] == "retire"
     assert "timing" not in view["torch"]
     only_timing = config.next_view(dict(cfg, torch_next={"timing": {"paired": True}}))
-    assert only_timing["torch"] == dict(cfg.get("torch") or {}) and only_timing["timing"]["paired"] is True
+    assert only_timing["torch"] == {} and only_timing["timing"]["paired"] is True
     assert config.config_hash(only_timing) != config.config_hash(cfg)
     st = Study.from_dict(cfg)  # the timing key is no torch setting, and it is no unknown key either
     assert st.torch_next.finished == "retire" and not st.timing.paired

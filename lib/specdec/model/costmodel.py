@@ -383,10 +383,7 @@ def fit_steps(profile: str, calibration, pair: str | None = None, engine: str = 
     if engine == "vllm":  # no per-step rows: steps and the step split from vLLM's per-call figures
         b = decode_steps(b)
         st = vllm_step_rows(b)
-        widths = vllm_widths(b, runs)
-        st = st.assign(width=[widths.get(r, k + 1.0) for r, k in zip(st["run_id"], st["k"])])
-    else:
-        st = st.assign(width=step_widths(st, dict(zip(runs["run_id"], runs["verify"]))))
+    st = with_widths(st, b, runs, engine)
     b, st, rq = (x[x["pair"] == pair] for x in (b, st, rq))
     ways = [False, True] if drift is None and cross_validate else [bool(drift)]
     fits = []
@@ -498,6 +495,27 @@ def step_widths(st: pd.DataFrame, verify: dict) -> pd.Series:
         c = np.minimum(np.asarray(prop, dtype=float), k)
         out.iloc[i] = 1.0 + (c.mean() if rule == "ragged" else c.max())
     return out
+
+
+def with_widths(st: pd.DataFrame, b: pd.DataFrame, runs: pd.DataFrame, engine: str) -> pd.DataFrame:
+    """Steps rows `st` with a `width` column: tokens per sequence each step's target forward verified. vLLM
+    (steps from vllm_step_rows): its run's mean from the spec-decode counters (vllm_widths; k+1 where a run has
+    none); torch: step_widths under the run's verify rule (tables.runs `verify`). `b`: the batches rows (vLLM
+    only; decode_steps applied)."""
+    if engine == "vllm":
+        w = vllm_widths(b, runs)
+        return st.assign(width=[w.get(r, k + 1.0) for r, k in zip(st["run_id"], st["k"])])
+    return st.assign(width=step_widths(st, dict(zip(runs["run_id"], runs["verify"]))))
+
+
+def measured_widths(st: pd.DataFrame, b: pd.DataFrame, runs: pd.DataFrame, engine: str) -> dict:
+    """Per run id: the mean verify width (tokens per sequence) of its SD steps, where it was measured: a vLLM
+    run with spec-decode counters (vllm_widths), a torch run with per-step rows (with_widths over `st`, the
+    steps table; other engines' rows are skipped). Runs without either are left out."""
+    if engine == "vllm":
+        return vllm_widths(b, runs)
+    sd = st[(st["engine"] == engine) & (st["k"] > 0)]
+    return with_widths(sd, b, runs, engine).groupby("run_id")["width"].mean().to_dict() if len(sd) else {}
 
 
 def vllm_widths(b: pd.DataFrame, runs: pd.DataFrame) -> dict:

@@ -256,16 +256,11 @@ def validate(profile: str, pair: str | None = None, n_sim: int = 1000, seed: int
     # what each run's SD step verified (an n-gram lookup may propose fewer than k tokens, or none): the rule
     # (tables.runs `verify`) sets the predicted width; the measured mean width is shown beside it
     rules = dict(zip(runs["run_id"], runs["verify"]))
-    if engine == "vllm":
-        widths = costmodel.vllm_widths(batches, runs)
-    else:
-        try:
-            st = tables.load(profile, "batch", "steps")
-        except SpecdecError:  # runs without per-step records: no measured width
-            st = pd.DataFrame(columns=["run_id", "engine", "k"])
-        st = st[(st["engine"] == engine) & (st["k"] > 0)]
-        widths = (st.assign(w=costmodel.step_widths(st, rules)).groupby("run_id")["w"].mean().to_dict()
-                  if len(st) else {})
+    try:
+        st = tables.load(profile, "batch", "steps") if engine != "vllm" else None
+    except SpecdecError:  # runs without per-step records: no measured width
+        st = pd.DataFrame(columns=["run_id", "engine", "k", "proposed"])
+    widths = costmodel.measured_widths(st, batches, runs, engine)
     models: dict[tuple, AcceptanceModel | None] = {}
     rows = []
     own = batches[batches["arm"] == "cell"]
