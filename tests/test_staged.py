@@ -46,7 +46,7 @@ def test_staging_changes_no_hash_and_the_staged_view_is_the_promoted_config():
     assert st.torch_next == Study.from_dict(view).torch and st.torch_next != st.torch
 
 
-def test_staged_timing_is_merged_into_timing_and_changes_the_torch_hash_only():
+def test_staged_timing_is_merged_into_timing_and_changes_the_torch_hash():
     # a profile only the torch engine measures can stage paired timing with its engine settings (as cpu-bf16's
     # were staged before their promotion): its config as it was, unpaired, with default torch settings
     cfg = config.load_study("batch", "cpu-bf16")

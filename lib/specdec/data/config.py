@@ -28,7 +28,7 @@ import yaml
 from .. import paths
 from ..errors import SpecdecError
 from .hardware import load_profile, profile_names
-from .spec import LEGACY_MATCH, MATCH_RULES, PROPOSERS, Study
+from .spec import LEGACY_MATCH, MATCH_RULES, PROPOSERS, Study, staged_split
 
 GRID_KEYS = ("mode", "batch", "k", "proposer", "temperature", "alpha", "quant", "rate", "context", "requests",
              "trace")
@@ -275,8 +275,7 @@ def next_view(cfg: dict) -> dict:
         raise SpecdecError(f"{where} stages no torch_next: nothing for --next to measure")
     if not isinstance(nxt, dict):
         raise SpecdecError(f"{where}: torch_next must be a mapping of torch settings, got {nxt!r}")
-    nxt = dict(nxt)
-    timing = nxt.pop("timing", None) or {}
+    nxt, timing = staged_split(nxt)
     if not isinstance(timing, dict):
         raise SpecdecError(f"{where}: torch_next.timing must be a mapping of timing settings, got {timing!r}")
     now, now_timing = dict(cfg.get("torch") or {}), dict(cfg.get("timing") or {})

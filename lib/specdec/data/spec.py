@@ -193,6 +193,12 @@ class TorchEngine:
             raise SpecdecError(f"torch.kv must be one of {', '.join(KV_PATHS)}, got '{self.kv}'")
 
 
+def staged_split(torch_next: dict) -> tuple[dict, object]:
+    """A staged `torch_next` mapping split into (its torch settings, its staged `timing` value, {} when none):
+    a `timing` mapping inside torch_next stages timing keys (config.next_view merges it into `timing`)."""
+    return {k: v for k, v in torch_next.items() if k != "timing"}, torch_next.get("timing") or {}
+
+
 @dataclass(frozen=True)
 class Study:
     """A study config after the profile's overrides (config.load_study), typed."""
@@ -244,8 +250,7 @@ class Study:
                         torch=_build(TorchEngine, cfg.get("torch"), f"{name}: torch"),
                         torch_next=(None if cfg.get("torch_next") is None else
                                     _build(TorchEngine, {**(cfg.get("torch") or {}),
-                                                         **{k: v for k, v in cfg["torch_next"].items()
-                                                            if k != "timing"}},  # timing: config.next_view
+                                                         **staged_split(cfg["torch_next"])[0]},
                                            f"{name}: torch_next")),
                         serving=_build(Serving, cfg.get("serving"), f"{name}: serving"),
                         slo=_build(Slo, cfg.get("slo"), f"{name}: slo"))
